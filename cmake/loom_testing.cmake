@@ -1,0 +1,74 @@
+# loom_add_test(<name> SOURCES ... [LIBS ...] [LABELS ...] [NP n...] [ARGS ...] [MPI] [GPU] [TIMEOUT s])
+#
+# One doctest executable registered as one CTest test (every test has a timeout: nothing may
+# hang CI). MPI: the executable uses the MPI test main (tests/support/mpi_main.cpp) and is
+# registered once per NP value as `<name>.np<N>` under mpirun. GPU: the test main exits 77
+# (reported as skipped) when no CUDA device is present; the test carries the label `gpu`.
+
+find_package(doctest REQUIRED)
+
+add_library(loom_test_main OBJECT ${PROJECT_SOURCE_DIR}/tests/support/doctest_main.cpp)
+target_link_libraries(loom_test_main PUBLIC loom::loom doctest::doctest)
+
+if(LOOM_HAS_CUDA)
+  add_library(loom_test_main_gpu OBJECT ${PROJECT_SOURCE_DIR}/tests/support/gpu_main.cpp)
+  target_link_libraries(loom_test_main_gpu PUBLIC loom::cuda doctest::doctest)
+endif()
+
+if(LOOM_HAS_MPI)
+  add_library(loom_test_main_mpi OBJECT ${PROJECT_SOURCE_DIR}/tests/support/mpi_main.cpp)
+  target_link_libraries(loom_test_main_mpi PUBLIC loom::mpi doctest::doctest)
+  # mpirun as root and with more ranks than cores (CI has 2 cores, tests use up to 4 ranks).
+  set(LOOM_MPIEXEC_FLAGS --oversubscribe --bind-to none)
+  execute_process(COMMAND id -u OUTPUT_VARIABLE _uid OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(_uid STREQUAL "0")
+    list(APPEND LOOM_MPIEXEC_FLAGS --allow-run-as-root)
+  endif()
+endif()
+
+set(LOOM_TEST_TIMEOUT 300 CACHE STRING "Default timeout of each test in seconds")
+
+function(loom_add_test name)
+  cmake_parse_arguments(T "MPI;GPU" "TIMEOUT" "SOURCES;LIBS;LABELS;NP;ARGS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT ${LOOM_TEST_TIMEOUT})
+  endif()
+  if(T_MPI AND NOT LOOM_HAS_MPI)
+    return()
+  endif()
+  if(T_GPU AND NOT LOOM_HAS_CUDA)
+    return()
+  endif()
+  add_executable(${name} ${T_SOURCES})
+  if(T_MPI)
+    set(main loom_test_main_mpi)
+  elseif(T_GPU)
+    set(main loom_test_main_gpu)
+  else()
+    set(main loom_test_main)
+  endif()
+  target_link_libraries(${name} PRIVATE ${main} loom::loom doctest::doctest loom_warnings ${T_LIBS})
+  if(T_GPU)
+    set_target_properties(${name} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
+    list(APPEND T_LABELS gpu)
+  endif()
+  set(env "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1")
+  if(T_MPI)
+    foreach(np IN LISTS T_NP)
+      add_test(NAME ${name}.np${np}
+               COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${LOOM_MPIEXEC_FLAGS} ${MPIEXEC_PREFLAGS}
+                       $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS} ${T_ARGS})
+      set_tests_properties(${name}.np${np} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "mpi;${T_LABELS}" ENVIRONMENT "${env}"
+                                                      PROCESSORS ${np})
+    endforeach()
+  else()
+    add_test(NAME ${name} COMMAND ${name} ${T_ARGS})
+    set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} ENVIRONMENT "${env}")
+    if(T_LABELS)
+      set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
+    endif()
+    if(T_GPU)
+      set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77)
+    endif()
+  endif()
+endfunction()

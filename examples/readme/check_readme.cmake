@@ -1,0 +1,11 @@
+# The README's ```cpp block must be this file verbatim, and the program must run.
+file(READ ${README} readme)
+file(READ ${SNIPPET} snippet)
+string(FIND "${readme}" "${snippet}" pos)
+if(pos EQUAL -1)
+  message(FATAL_ERROR "README.md's C++ example differs from ${SNIPPET}")
+endif()
+execute_process(COMMAND ${EXE} RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "bytes in use")
+  message(FATAL_ERROR "README example failed (${rc}): ${out}")
+endif()

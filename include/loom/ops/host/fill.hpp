@@ -1,0 +1,37 @@
+#pragma once
+// Fill and element-type cast on the host. Mirror of ops/cuda/fill.cuh (same names, overloaded
+// on the device tag). Casts go through float for the 16-bit types (round to nearest even).
+
+#include <loom/core/device.hpp>
+#include <loom/core/dtype.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/tensor_view.hpp>
+
+namespace loom::ops {
+
+/// x[i] = value for every element of a contiguous view.
+template <class T>
+void fill(host, tensor_view<T, host, 1> x, T value) {
+  LOOM_CHECK(x.is_contiguous(), "ops::fill: view must be contiguous (stride=", x.stride(0), ")");
+  T* p = x.data();
+  for (index_t i = 0, n = x.numel(); i < n; ++i) p[i] = value;
+}
+
+/// out[i] = Out(in[i]); the views must have the same length.
+template <element Out, element In>
+void cast(host, tensor_view<const In, host, 1> in, tensor_view<Out, host, 1> out) {
+  LOOM_CHECK(in.numel() == out.numel(), "ops::cast: input has ", in.numel(), " elements, output has ", out.numel());
+  LOOM_CHECK(in.is_contiguous() && out.is_contiguous(), "ops::cast: views must be contiguous");
+  const In* s = in.data();
+  Out* d = out.data();
+  for (index_t i = 0, n = in.numel(); i < n; ++i) {
+    if constexpr (sizeof(In) == 2 && floating_element<In>)
+      d[i] = Out(static_cast<float>(s[i]));
+    else if constexpr (sizeof(Out) == 2 && floating_element<Out>)
+      d[i] = Out(static_cast<float>(s[i]));
+    else
+      d[i] = static_cast<Out>(s[i]);
+  }
+}
+
+}  // namespace loom::ops

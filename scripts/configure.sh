@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Configures loom into ./build (Release, Ninja). Extra arguments go to cmake.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
