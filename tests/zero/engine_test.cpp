@@ -30,7 +30,8 @@ struct run_result {
 };
 
 // Naive oracle: full batch on one rank, plain vectors, AdamW written out in double.
-run_result reference_run(std::size_t L, std::size_t D, std::size_t B, std::size_t steps, const zero::adamw_config& c) {
+run_result reference_run(std::size_t L, std::size_t D, std::size_t B, std::size_t steps, const zero::adamw_config& c,
+                         double clip = 0) {
   const auto specs = toy_mlp::specs(L, D);
   zero::flat_layout lay(specs, 1);
   std::vector<std::vector<float>> w(specs.size()), g(specs.size()), m(specs.size()), v(specs.size());
@@ -53,9 +54,14 @@ run_result reference_run(std::size_t L, std::size_t D, std::size_t B, std::size_
     for (std::size_t l = L; l-- > 0;)
       model.backward<float>(l, zero::layer_params<const float>(lay, l, wp.data()), zero::layer_params<float>(lay, l, gp.data()));
     const double t = double(s + 1);
+    double norm = 0;
+    for (auto& gv : g)
+      for (float x : gv) norm += double(x) * x;
+    norm = std::sqrt(norm);
+    const double factor = clip > 0 && norm > clip ? clip / norm : 1.0;
     for (std::size_t p = 0; p < specs.size(); ++p)
       for (std::size_t i = 0; i < w[p].size(); ++i) {
-        const double gi = g[p][i];
+        const double gi = g[p][i] * factor;
         m[p][i] = float(c.beta1 * double(m[p][i]) + (1 - c.beta1) * gi);
         v[p][i] = float(c.beta2 * double(v[p][i]) + (1 - c.beta2) * gi * gi);
         const double mh = m[p][i] / (1 - std::pow(double(c.beta1), t)), vh = v[p][i] / (1 - std::pow(double(c.beta2), t));
@@ -194,6 +200,45 @@ TEST_CASE("scheduler knobs do not change the result") {
     o.stage3 = {1 << 20, 1 << 20, 1 << 20};
     check_close(engine_run<zero::stage3, float>(2, o), ref, 1e-5);
   }
+}
+
+TEST_CASE("gradient clipping by global norm matches the reference") {
+  const run_result ref = reference_run(kLayers, kWidth, kBatch, kSteps, kAdam, 0.05);
+  CHECK_FALSE(ref.final_master == reference_run(kLayers, kWidth, kBatch, kSteps, kAdam).final_master);
+  zero::engine_options o = small_options();
+  o.gradient_clipping = 0.05f;
+  check_close(engine_run<zero::stage0, float>(2, o), ref, 1e-5);
+  check_close(engine_run<zero::stage1, float>(4, o), ref, 1e-5);
+  check_close(engine_run<zero::stage3, float>(4, o), ref, 1e-5);
+}
+
+namespace {
+// A model whose gradient on rank 1 is infinite (an fp16 overflow on one rank).
+struct overflowing_model {
+  int rank;
+  template <class T> void forward(std::size_t, const zero::layer_params<const T>&) {}
+  template <class T>
+  void backward(std::size_t, const zero::layer_params<const T>&, const zero::layer_params<T>& g) {
+    for (std::size_t k = 0; k < g.size(); ++k)
+      for (auto& x : g.span(k)) x = rank == 1 ? T(INFINITY) : T(1.f);
+  }
+};
+}  // namespace
+
+TEST_CASE("an overflow on one rank skips the step on every rank") {
+  test::run_ranks(2, [](test::local_comm& c) {
+    host_memory_resource states("states"), scratch("scratch"), host("host");
+    zero::engine<zero::stage2, float, test::local_comm> e(
+        c, zero::flat_layout(toy_mlp::specs(2, 4), 2), small_options(), {&states, &scratch, &host},
+        [](std::size_t p, std::size_t first, std::span<float> v) { toy_mlp::init(4, p, first, v); });
+    const std::vector<float> before = e.gather_master();
+    overflowing_model m{c.rank()};
+    e.forward(m);
+    e.backward(m);
+    CHECK_FALSE(e.step());
+    CHECK(e.steps_taken() == 0);
+    CHECK(e.gather_master() == before);
+  });
 }
 
 TEST_CASE("half parameters and gradients track the fp32 run") {

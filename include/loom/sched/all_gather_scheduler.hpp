@@ -101,6 +101,14 @@ class all_gather_scheduler {
     }
   }
 
+  /// Polls the gathers in flight (Open MPI progresses non-blocking collectives only inside
+  /// MPI calls): call between layers.
+  void progress() {
+    for (std::size_t k = 0; k < state_.size(); ++k)
+      if (state_[k] == state::issued)
+        for (std::size_t i = work_begin_[k]; i < work_begin_[k + 1]; ++i) works_[i].test();
+  }
+
   /// Ends step t; releases its gathered copy when this was the copy's last step.
   void release(std::size_t t) {
     LOOM_CHECK(t == next_step_ && in_step_, "all_gather_scheduler: release(step=", t, ") without acquire(step=", t, ")");

@@ -125,6 +125,13 @@ class reduce_scatter_scheduler {
     if (!opt_.overlap_comm) wait_slot(b % 2);
   }
 
+  /// Polls the reductions in flight (Open MPI progresses non-blocking collectives only
+  /// inside MPI calls): call between layers.
+  void progress() {
+    for (auto& ws : works_)
+      for (comm::work& w : ws) w.test();
+  }
+
   /// Waits for every launched bucket: gradients are reduced after this returns.
   void finish() {
     wait_slot(0);

@@ -35,6 +35,7 @@
 #include <loom/zero/stage.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -59,6 +60,7 @@ struct engine_options {
   bool overlap_comm = true;
   bool contiguous_gradients = true;
   sched::all_gather_options stage3;               ///< stage3_prefetch_bucket_size, _max_live_parameters, _param_persistence_threshold
+  float gradient_clipping = 0.f;                  ///< max global gradient norm; 0: off
   offload_device offload_optimizer = offload_device::none;
   std::string nvme_path;                          ///< offload_optimizer.nvme_path
 };
@@ -155,6 +157,7 @@ class engine {
       acquire(l);
       model.forward(l, layer_params<const T>(layout_, l, ptrs_.data()));
       release(l);
+      if constexpr (Stage::shards_parameters::value) gather_->progress();
     }
   }
 
@@ -171,16 +174,23 @@ class engine {
       model.backward(l, layer_params<const T>(layout_, l, ptrs_.data()), layer_params<T>(layout_, l, gptrs_.data()));
       release(t);
       reduce_->layer_done(l);
+      reduce_->progress();
+      if constexpr (Stage::shards_parameters::value) gather_->progress();
     }
     reduce_->finish();
   }
 
-  /// AdamW on this rank's master weights with the mean gradient over ranks, then refresh
-  /// the parameters every rank uses.
-  void step() {
-    ++step_;
+  /// AdamW on this rank's master weights with the mean gradient over ranks (times
+  /// `grad_scale`, e.g. 1/loss_scale), clipped to gradient_clipping by global norm, then
+  /// refreshes the parameters every rank uses. Returns false, and changes nothing, when the
+  /// gradient has an inf or NaN on any rank (fp16 overflow: the loss scaler backs off).
+  bool step(float grad_scale = 1.f) {
     const auto& sz = layout_.sizes();
-    const float scale = 1.f / static_cast<float>(world_);
+    float scale = grad_scale / static_cast<float>(world_);
+    last_norm_ = global_grad_norm(scale);
+    if (!std::isfinite(last_norm_)) return false;
+    if (opt_.gradient_clipping > 0.f && last_norm_ > opt_.gradient_clipping) scale *= opt_.gradient_clipping / last_norm_;
+    ++step_;
     std::span<float> master = state_->master(), m = state_->exp_avg(), v = state_->exp_avg_sq();
     if constexpr (Stage::shards_optimizer::value && !Stage::shards_gradients::value) {
       // stage 1: gradients are full (all-reduced); this rank steps its slice of each parameter
@@ -193,7 +203,11 @@ class engine {
       adamw_step<T>(master, std::span<const T>(grads_.span()), m, v, opt_.adamw, step_, scale);
     }
     refresh_parameters();
+    return true;
   }
+
+  /// Global L2 norm of the (scaled, mean) gradient computed by the last step().
+  float last_grad_norm() const noexcept { return last_norm_; }
 
   /// forward + backward + step.
   template <layered_model<T> M>
@@ -230,6 +244,27 @@ class engine {
   }
 
  private:
+  // L2 norm over all ranks of scale * gradient; each rank sums the part it steps.
+  float global_grad_norm(float scale) {
+    const auto& sz = layout_.sizes();
+    double local = 0;
+    auto add = [&](const T* g, std::size_t n) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const double x = static_cast<double>(static_cast<float>(g[i]));
+        local += x * x;
+      }
+    };
+    if constexpr (Stage::shards_optimizer::value && !Stage::shards_gradients::value) {
+      for (std::size_t p = 0; p < sz.params(); ++p) add(grads_.data() + sz.offset(p) + rank_ * sz.shard_numel(p), sz.shard_numel(p));
+    } else {
+      add(grads_.data(), grads_.size());
+    }
+    float sum = static_cast<float>(local);
+    if constexpr (Stage::shards_optimizer::value)
+      comm_->all_reduce(std::span<const float>(&sum, 1), std::span<float>(&sum, 1), comm::reduce_op::sum);
+    return std::sqrt(sum) * scale;
+  }
+
   void acquire(std::size_t t) {
     if constexpr (Stage::shards_parameters::value) gather_->acquire(t, std::span<const T>(params_.span()), ptrs_);
   }
@@ -273,6 +308,7 @@ class engine {
   engine_resources res_;
   std::size_t rank_ = 0, world_ = 1;
   std::int64_t step_ = 0;
+  float last_norm_ = 0.f;
   buffer<T> params_;      // stage 0-2: [padded_total] full; stage 3: [shard_total]
   buffer<T> persistent_;  // stage 3: gathered copies of small parameters
   buffer<T> grads_;       // stage 0-1: [padded_total] full; stage 2-3: [shard_total]
