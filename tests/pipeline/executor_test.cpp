@@ -1,8 +1,11 @@
 // The executor on thread ranks: the toy model of p*v linear stages under GPipe, 1F1B and
 // interleaved 1F1B gives the loss and every stage's weight gradient of the one-process
-// reference (tests/pipeline/toy_model.hpp).
+// reference (tests/pipeline/toy_model.hpp), on thread_comm (buffered sends) and on a mock
+// communicator whose sends are rendezvous (mock_comm.hpp).
+#include "executor_suite.hpp"
 #include "mock_comm.hpp"
-#include "toy_model.hpp"
+
+#include <loom/comm/thread_comm.hpp>
 
 #include <loom/pipeline/executor.hpp>
 
@@ -20,8 +23,8 @@ using mock_executor = lp::executor<float, mock::comm>;
 
 namespace {
 
-// Runs f(comm) on `n` thread ranks; rethrows the first exception of any rank.
-void on_ranks(int n, const std::function<void(mock::comm&)>& f) {
+// Runs f(comm) on `n` mock ranks; rethrows the first exception of any rank.
+void on_mock_ranks(int n, const std::function<void(mock::comm&)>& f) {
   auto w = std::make_shared<mock::world>(n);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
@@ -39,41 +42,19 @@ void on_ranks(int n, const std::function<void(mock::comm&)>& f) {
     if (e) std::rethrow_exception(e);
 }
 
-lp::schedule make(const std::string& kind, const toy::sizes& z) {
-  if (kind == "gpipe") return lp::gpipe(z.p, z.m);
-  if (kind == "1f1b") return lp::one_f_one_b(z.p, z.m);
-  return lp::interleaved_one_f_one_b(z.p, z.m, z.v);
-}
-
-// Runs `steps` training steps of schedule `kind` and checks loss and gradients against the
-// reference (accumulated over the steps: no optimizer update in between).
-void check_against_reference(const std::string& kind, toy::sizes z, int steps = 1) {
+// Runs the toy model on p thread ranks of both communicators and checks every rank.
+void check_schedule(const std::string& kind, const toy::sizes& z, int steps = 1) {
   CAPTURE(kind);
   CAPTURE(z.p);
   CAPTURE(z.m);
   CAPTURE(z.v);
-  const toy::reference ref = toy::run_reference(z);
-  std::vector<double> losses(static_cast<std::size_t>(z.p));
-  std::vector<std::vector<std::vector<float>>> grads(static_cast<std::size_t>(z.p));
-  std::vector<int> optimizer_steps(static_cast<std::size_t>(z.p));
-  on_ranks(z.p, [&](mock::comm& c) {
-    mock_executor ex(make(kind, z), c, z.activation());
-    toy::stage model(z, c.rank());
-    for (int i = 0; i < steps; ++i) ex.run(model);
-    losses[static_cast<std::size_t>(c.rank())] = model.loss;
-    grads[static_cast<std::size_t>(c.rank())] = model.dW;
-    optimizer_steps[static_cast<std::size_t>(c.rank())] = model.optimizer_steps;
+  std::vector<toy::rank_result> on_thread(static_cast<std::size_t>(z.p)), on_mock(static_cast<std::size_t>(z.p));
+  loom::comm::run_ranks(z.p, [&](loom::comm::thread_comm& c) {
+    on_thread[static_cast<std::size_t>(c.rank())] = toy::run_rank(c, kind, z, steps);
   });
-  // The loss lives on the stage of the last virtual stage, p - 1.
-  CHECK(losses[static_cast<std::size_t>(z.p - 1)] == doctest::Approx(steps * ref.loss).epsilon(1e-5));
-  for (int s = 0; s < z.p; ++s) {
-    CHECK(optimizer_steps[static_cast<std::size_t>(s)] == steps);
-    for (int c = 0; c < z.v; ++c) {
-      const auto& got = grads[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)];
-      const auto& want = ref.dW[static_cast<std::size_t>(c * z.p + s)];
-      for (std::size_t e = 0; e < want.size(); ++e) CHECK(got[e] == doctest::Approx(steps * want[e]).epsilon(1e-4));
-    }
-  }
+  on_mock_ranks(z.p, [&](mock::comm& c) { on_mock[static_cast<std::size_t>(c.rank())] = toy::run_rank(c, kind, z, steps); });
+  for (const auto& r : on_thread) toy::check(r, steps);
+  for (const auto& r : on_mock) toy::check(r, steps);
 }
 
 }  // namespace
@@ -81,21 +62,22 @@ void check_against_reference(const std::string& kind, toy::sizes z, int steps = 
 TEST_CASE("every schedule reproduces the one-process loss and gradients") {
   for (int p : {1, 2, 3, 4})
     for (int m : {1, 3, 8}) {
-      check_against_reference("gpipe", {.p = p, .m = m});
-      check_against_reference("1f1b", {.p = p, .m = m});
+      check_schedule("gpipe", {.p = p, .m = m});
+      check_schedule("1f1b", {.p = p, .m = m});
     }
   for (int p : {1, 2, 3, 4})
-    for (int v : {1, 2, 3}) check_against_reference("interleaved", {.p = p, .m = 2 * p, .v = v});
+    for (int v : {1, 2, 3}) check_schedule("interleaved", {.p = p, .m = 2 * p, .v = v});
 }
 
 TEST_CASE("gradients accumulate over steps; buffers are reused without corruption") {
-  check_against_reference("1f1b", {.p = 3, .m = 7, .rows = 3, .d = 5}, 3);
-  check_against_reference("interleaved", {.p = 2, .m = 4, .v = 2}, 2);
+  check_schedule("1f1b", {.p = 3, .m = 7, .rows = 3, .d = 5}, 3);
+  check_schedule("interleaved", {.p = 2, .m = 4, .v = 2}, 2);
+  check_schedule("gpipe", {.p = 4, .m = 5, .rows = 1, .d = 2}, 2);
 }
 
 TEST_CASE("1F1B holds fewer boundary tensors than GPipe") {
   std::vector<int> gpipe_slots(4), f1b_slots(4);
-  on_ranks(4, [&](mock::comm& c) {
+  on_mock_ranks(4, [&](mock::comm& c) {
     gpipe_slots[static_cast<std::size_t>(c.rank())] = mock_executor(lp::gpipe(4, 16), c, 6).slots();
     f1b_slots[static_cast<std::size_t>(c.rank())] = mock_executor(lp::one_f_one_b(4, 16), c, 6).slots();
   });
@@ -107,7 +89,7 @@ TEST_CASE("1F1B holds fewer boundary tensors than GPipe") {
 }
 
 TEST_CASE("bad plans and mismatched groups are refused before any communication") {
-  on_ranks(2, [&](mock::comm& c) {
+  on_mock_ranks(2, [&](mock::comm& c) {
     CHECK_THROWS_WITH_AS(mock_executor(lp::gpipe(3, 2), c, 4), doctest::Contains("size=2"),
                          loom::error);
     CHECK_THROWS_WITH_AS(mock_executor(lp::gpipe(2, 2), c, 0),
