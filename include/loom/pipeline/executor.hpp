@@ -12,7 +12,9 @@
 //   forward(mb, chunk)   model.forward(mb, chunk, input, output)
 //   backward(mb, chunk)  model.backward(mb, chunk, input, grad_output, grad_input)
 //   send_*               comm.send_async(slot, peer, tag): the slot is not written again until
-//                        the send completed, so the stage runs on while the tensor travels
+//                        the send completed, so the stage runs on while the tensor travels;
+//                        after every pass the sends in flight are polled (work::test()),
+//                        which is what lets Open MPI progress them
 //   recv_*               comm.recv(slot, peer, tag)
 //   optimizer_step       model.optimizer_step() if the model has one
 //
@@ -85,10 +87,12 @@ class executor {
         case op_kind::forward:
           writable(x.b);
           model.forward(o.microbatch, o.chunk, cview(x.a), view(x.b));
+          progress();
           break;
         case op_kind::backward:
           writable(x.c);
           model.backward(o.microbatch, o.chunk, cview(x.a), cview(x.b), view(x.c));
+          progress();
           break;
         case op_kind::send_activation:
         case op_kind::send_gradient:
@@ -126,6 +130,10 @@ class executor {
     return {pool_.data() + static_cast<std::size_t>(slot) * n_, n_};
   }
   std::span<const T> cview(int slot) { return view(slot); }
+  /// Polls the sends in flight: Open MPI moves a message only inside MPI calls.
+  void progress() {
+    for (auto& w : pending_) w.test();
+  }
   /// Before a slot is written: its last send must have completed.
   void writable(int slot) {
     if (slot >= 0) pending_[static_cast<std::size_t>(slot)].wait();
