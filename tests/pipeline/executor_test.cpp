@@ -94,6 +94,10 @@ TEST_CASE("bad plans and mismatched groups are refused before any communication"
                          loom::error);
     CHECK_THROWS_WITH_AS(mock_executor(lp::gpipe(2, 2), c, 0),
                          doctest::Contains("activation_elements=0"), loom::error);
+    // 2 * m * p * v = 32768 tags would pass MPI's guaranteed 32767.
+    CHECK_THROWS_WITH_AS(mock_executor(lp::interleaved_one_f_one_b(2, 4096, 2), c, 4), doctest::Contains("m=4096"),
+                         loom::error);
+    CHECK_NOTHROW(mock_executor(lp::interleaved_one_f_one_b(2, 4094, 2), c, 4));
     lp::schedule broken = lp::one_f_one_b(2, 4);
     std::swap(broken.ops[0][7], broken.ops[0][8]);
     CHECK_THROWS_WITH_AS(mock_executor(broken, c, 4), doctest::Contains("DEADLOCK"), loom::error);

@@ -173,7 +173,13 @@ inline schedule add_communication(std::string name, int p, int m, int v,
   const auto meet = [&](int a, int b, long ready, long needed) {
     const auto& fa = free[static_cast<std::size_t>(a)];
     const auto& fb = free[static_cast<std::size_t>(b)];
-    for (std::size_t i = 0, j = 0; i < fa.size() && j < fb.size();) {
+    // Intervals are sorted and disjoint: start at the first one of each that ends at or after `ready`.
+    const auto first_after = [&](const std::vector<std::pair<long, long>>& f) {
+      return static_cast<std::size_t>(
+          std::partition_point(f.begin(), f.end(), [&](const std::pair<long, long>& g) { return g.second < ready; }) -
+          f.begin());
+    };
+    for (std::size_t i = first_after(fa), j = first_after(fb); i < fa.size() && j < fb.size();) {
       const long lo = std::max({fa[i].first, fb[j].first, ready}), hi = std::min(fa[i].second, fb[j].second);
       if (lo > needed) break;
       if (lo <= hi) return lo;
