@@ -220,17 +220,9 @@ class mpi_comm : public collective_api<mpi_comm> {
     return mpi_comm(nc, adopt_tag{});
   }
 
- private:
-  friend class collective_api<mpi_comm>;
-  struct adopt_tag {};
-  mpi_comm(MPI_Comm owned, adopt_tag) : s_(std::make_shared<detail::mpi_state>()) { adopt(owned); }
-  void adopt(MPI_Comm owned) {
-    LOOM_MPI_CHECK(MPI_Comm_set_errhandler(owned, MPI_ERRORS_RETURN));
-    s_->comm = boost::mpi::communicator(owned, boost::mpi::comm_take_ownership);
-  }
-
-  /// Checked mode: all ranks agree on `d` (throws naming every rank's call otherwise).
-  /// Returns whether an agreement took place.
+  /// Checked mode: all ranks agree on `d` (throws naming every rank's call otherwise; throws
+  /// and breaks the communicator after the timeout). Returns whether an agreement took
+  /// place (false when checked mode is off). nccl_comm agrees through its bootstrap mpi_comm.
   bool agree(const call_desc& d) {
     const std::string what = describe(d);
     s_->check_usable(what);
@@ -244,6 +236,15 @@ class mpi_comm : public collective_api<mpi_comm> {
     const std::string mm = mismatch_message("mpi_comm", all);
     if (!mm.empty()) throw error(mm);
     return true;
+  }
+
+ private:
+  friend class collective_api<mpi_comm>;
+  struct adopt_tag {};
+  mpi_comm(MPI_Comm owned, adopt_tag) : s_(std::make_shared<detail::mpi_state>()) { adopt(owned); }
+  void adopt(MPI_Comm owned) {
+    LOOM_MPI_CHECK(MPI_Comm_set_errhandler(owned, MPI_ERRORS_RETURN));
+    s_->comm = boost::mpi::communicator(owned, boost::mpi::comm_take_ownership);
   }
 
   work done(detail::mpi_job& job, MPI_Request req, bool async, const call_desc& d) {
