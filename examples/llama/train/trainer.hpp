@@ -101,10 +101,13 @@ inline loom::io::ds_config resolve_config(const options& o) {
     c.fp16.enabled.value = *o.precision == loom::dtype::f16;
     c.bf16.value = *o.precision == loom::dtype::bf16;
   }
-  LOOM_CHECK(c.zero.stage == 0, "llama-train: zero_optimization.stage ", c.zero.stage,
-             " needs data-parallel ranks, which this single-rank trainer does not have yet; use stage 0");
-  LOOM_CHECK(c.zero.offload_optimizer.device == loom::io::offload_device::none,
-             "llama-train: zero_optimization.offload_optimizer needs ZeRO (stage >= 1)");
+  // One rank: every ZeRO partition is the whole buffer, so stages 1-3 compute exactly what
+  // stage 0 does; host memory is where cpu offload would put things anyway.
+  if (c.zero.stage > 0)
+    c.warnings.push_back("zero_optimization.stage " + std::to_string(c.zero.stage) +
+                         " on one rank: the partitions are the whole buffers (same result as stage 0)");
+  LOOM_CHECK(c.zero.offload_optimizer.device != loom::io::offload_device::nvme,
+             "llama-train: zero_optimization.offload_optimizer.device \"nvme\" is not available in the single-rank trainer; use \"cpu\" or \"none\"");
   return c;
 }
 
@@ -326,7 +329,7 @@ train_result run_as(const options& o, const loom::io::ds_config& c, std::ostream
 inline train_result run(const options& o, std::ostream* log) {
   const auto c = resolve_config(o);
   for (const auto& w : c.warnings)
-    if (log) *log << "warning: " << w << std::endl;
+    if (log) *log << "note: " << w << std::endl;
   if (log)
     *log << "llama-train: dim " << o.model.dim << ", layers " << o.model.n_layers << ", heads " << o.model.n_heads << "/"
          << o.model.n_kv_heads << ", vocab " << o.model.vocab << ", seq " << o.model.seq_len << " | " << loom::dtype_name(c.precision())
