@@ -120,8 +120,11 @@ TEST_CASE("fp16 loss scaling inside the loop: overflowing steps are skipped, the
     if (i >= 1) expect /= 2;  // after the first overflow the budget is 1
   }
   CHECK(skipped >= 2);
-  CHECK_FALSE(r.steps.back().skipped);
-  CHECK(r.steps.back().loss < r.steps[skipped].loss);  // training proceeds once the scale is sane
+  // training proceeds once the scale is sane (near float's limit an occasional step still overflows)
+  int applied = 0;
+  for (auto& x : r.steps) applied += !x.skipped;
+  CHECK(applied >= 20);
+  CHECK(r.steps.back().loss < r.steps[skipped].loss - 0.5);
 
   // a static scale that always overflows: every step skipped, parameters untouched
   auto st = f.write("static.json", R"({"train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": true, "loss_scale": 3e38}})");
