@@ -189,3 +189,21 @@ TEST_CASE("bad config and data fail with a message naming the value") {
   o.resume = f.path("c.ckpt");
   CHECK_THROWS_WITH_AS(llama_train::run(o, nullptr), doctest::Contains("hidden_dim=96 but this run has hidden_dim=64"), loom::error);
 }
+
+TEST_CASE("chat fine-tuning data (.jsonl): loss only on responses, and it goes down") {
+  fixture f;
+  std::string text;
+  for (int i = 0; i < 16; ++i)
+    text += R"({"prompt": "what is )" + std::to_string(i) + R"( plus one?", "response": ")" + std::to_string(i + 1) +
+            R"(", "history": [["hi", "hello"]]})" + "\n";
+  auto o = f.opts(40);
+  o.data = {f.write("chat.jsonl", text)};
+  o.model.vocab = 259;
+  o.model.seq_len = 64;
+  auto r = llama_train::run(o, nullptr);
+  // the first loss is over response bytes + eos only: near ln(259) for an untrained model
+  CHECK(r.steps.front().loss == doctest::Approx(std::log(259.0)).epsilon(0.03));
+  CHECK(r.steps.back().loss < r.steps.front().loss - 2.0);
+  o.model.vocab = 256;
+  CHECK_THROWS_WITH_AS(llama_train::run(o, nullptr), doctest::Contains("chat data needs vocab >= 259"), loom::error);
+}
