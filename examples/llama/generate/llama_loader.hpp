@@ -26,6 +26,43 @@ inline void take(const loom::io::tensor_map& m, const std::string& name, std::ve
   const auto& t = loom::io::require_tensor(m, name, shape);
   std::memcpy(dst.data(), t.data.data(), dst.size() * sizeof(float));
 }
+
+// Tensor names of one checkpoint family; layer names follow "<layer_prefix><l>.".
+struct name_scheme {
+  const char *embed, *norm, *output, *layer_prefix;
+  const char *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
+};
+inline constexpr name_scheme meta_names{"tok_embeddings.weight", "norm.weight", "output.weight", "layers.",
+                                        "attention_norm.weight", "attention.wq.weight", "attention.wk.weight",
+                                        "attention.wv.weight", "attention.wo.weight", "ffn_norm.weight",
+                                        "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight"};
+inline constexpr name_scheme hf_names{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+                                      "model.layers.", "input_layernorm.weight", "self_attn.q_proj.weight",
+                                      "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                                      "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+                                      "mlp.down_proj.weight", "mlp.up_proj.weight"};
+
+inline llama_weights from_tensors(const llama_config& c, const loom::io::tensor_map& m, const name_scheme& n) {
+  llama_weights w = llama_weights::allocate(c);
+  const std::int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KD = c.kv_dim();
+  take(m, n.embed, {V, D}, w.tok_embeddings);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = n.layer_prefix + std::to_string(l) + ".";
+    auto& L = w.layers[static_cast<std::size_t>(l)];
+    take(m, p + n.attn_norm, {D}, L.attn_norm);
+    take(m, p + n.wq, {D, D}, L.wq);
+    take(m, p + n.wk, {KD, D}, L.wk);
+    take(m, p + n.wv, {KD, D}, L.wv);
+    take(m, p + n.wo, {D, D}, L.wo);
+    take(m, p + n.ffn_norm, {D}, L.ffn_norm);
+    take(m, p + n.w1, {H, D}, L.w1);
+    take(m, p + n.w2, {D, H}, L.w2);
+    take(m, p + n.w3, {H, D}, L.w3);
+  }
+  take(m, n.norm, {D}, w.norm);
+  if (!c.shared_classifier) take(m, n.output, {V, D}, w.output);
+  return w;
+}
 }  // namespace detail
 
 /// llama2.c checkpoint -> weights.
@@ -36,26 +73,7 @@ inline llama_weights load_llama2c(const std::string& path) {
   c.dim = k.dim, c.hidden_dim = k.hidden_dim, c.n_layers = k.n_layers, c.n_heads = k.n_heads;
   c.n_kv_heads = k.n_kv_heads, c.vocab_size = k.vocab_size, c.max_seq_len = k.seq_len;
   c.norm_eps = 1e-5f, c.rope_interleaved = true, c.shared_classifier = k.shared_classifier;
-  llama_weights w = llama_weights::allocate(c);
-  const std::int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KD = c.kv_dim();
-  const auto& m = ck.tensors;
-  detail::take(m, "tok_embeddings.weight", {V, D}, w.tok_embeddings);
-  for (int l = 0; l < c.n_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    auto& L = w.layers[static_cast<std::size_t>(l)];
-    detail::take(m, p + "attention_norm.weight", {D}, L.attn_norm);
-    detail::take(m, p + "attention.wq.weight", {D, D}, L.wq);
-    detail::take(m, p + "attention.wk.weight", {KD, D}, L.wk);
-    detail::take(m, p + "attention.wv.weight", {KD, D}, L.wv);
-    detail::take(m, p + "attention.wo.weight", {D, D}, L.wo);
-    detail::take(m, p + "ffn_norm.weight", {D}, L.ffn_norm);
-    detail::take(m, p + "feed_forward.w1.weight", {H, D}, L.w1);
-    detail::take(m, p + "feed_forward.w2.weight", {D, H}, L.w2);
-    detail::take(m, p + "feed_forward.w3.weight", {H, D}, L.w3);
-  }
-  detail::take(m, "norm.weight", {D}, w.norm);
-  if (!c.shared_classifier) detail::take(m, "output.weight", {V, D}, w.output);
-  return w;
+  return detail::from_tensors(c, ck.tensors, detail::meta_names);
 }
 
 /// HF LLaMA: `path` is a folder with config.json and *.safetensors, or one .safetensors file
@@ -82,25 +100,7 @@ inline llama_weights load_hf_safetensors(const std::string& path) {
   c.max_seq_len = hc.max_position_embeddings, c.norm_eps = hc.rms_norm_eps, c.rope_theta = hc.rope_theta;
   c.rope_interleaved = false;
   c.shared_classifier = hc.tie_word_embeddings || !m.contains("lm_head.weight");
-  llama_weights w = llama_weights::allocate(c);
-  const std::int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KD = c.kv_dim();
-  detail::take(m, "model.embed_tokens.weight", {V, D}, w.tok_embeddings);
-  for (int l = 0; l < c.n_layers; ++l) {
-    const std::string q = "model.layers." + std::to_string(l) + ".";
-    auto& L = w.layers[static_cast<std::size_t>(l)];
-    detail::take(m, q + "input_layernorm.weight", {D}, L.attn_norm);
-    detail::take(m, q + "self_attn.q_proj.weight", {D, D}, L.wq);
-    detail::take(m, q + "self_attn.k_proj.weight", {KD, D}, L.wk);
-    detail::take(m, q + "self_attn.v_proj.weight", {KD, D}, L.wv);
-    detail::take(m, q + "self_attn.o_proj.weight", {D, D}, L.wo);
-    detail::take(m, q + "post_attention_layernorm.weight", {D}, L.ffn_norm);
-    detail::take(m, q + "mlp.gate_proj.weight", {H, D}, L.w1);
-    detail::take(m, q + "mlp.down_proj.weight", {D, H}, L.w2);
-    detail::take(m, q + "mlp.up_proj.weight", {H, D}, L.w3);
-  }
-  detail::take(m, "model.norm.weight", {D}, w.norm);
-  if (!c.shared_classifier) detail::take(m, "lm_head.weight", {V, D}, w.output);
-  return w;
+  return detail::from_tensors(c, m, detail::hf_names);
 }
 
 inline llama_weights load_checkpoint(const std::string& path) {

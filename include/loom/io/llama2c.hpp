@@ -154,13 +154,14 @@ class llama2c_tokenizer {
  public:
   static constexpr std::int32_t bos = 1, eos = 2;
 
-  /// Reads `vocab_size` tokens (all the file holds when vocab_size <= 0).
+  /// Reads up to `vocab_size` tokens (all the file holds when vocab_size <= 0). A model whose
+  /// vocabulary is larger than the tokenizer's never decodes the extra ids to text.
   explicit llama2c_tokenizer(const std::string& path, std::int32_t vocab_size = 0) {
     const std::vector<char> bytes = detail::read_file_bytes(path);
     detail::byte_reader r(bytes, path);
     max_len_ = r.get<std::int32_t>();
     LOOM_CHECK(max_len_ > 0, "tokenizer '", path, "': max_token_length=", max_len_);
-    while (vocab_size > 0 ? static_cast<std::int32_t>(pieces_.size()) < vocab_size : r.left() > 0) {
+    while (r.left() > 0 && (vocab_size <= 0 || static_cast<std::int32_t>(pieces_.size()) < vocab_size)) {
       const float score = r.get<float>();
       const auto len = r.get<std::int32_t>();
       LOOM_CHECK(len >= 0 && len <= max_len_, "tokenizer '", path, "': token ", pieces_.size(), " has length ", len);
@@ -173,9 +174,11 @@ class llama2c_tokenizer {
   }
 
   std::int32_t vocab_size() const noexcept { return static_cast<std::int32_t>(pieces_.size()); }
+  /// Text of token `id`; ids past the tokenizer's vocabulary read as "" (a model may have more).
   const std::string& piece(std::int32_t id) const {
-    LOOM_CHECK(id >= 0 && id < vocab_size(), "tokenizer: token id ", id, " outside [0, ", vocab_size(), ")");
-    return pieces_[static_cast<std::size_t>(id)];
+    static const std::string none;
+    LOOM_CHECK(id >= 0, "tokenizer: negative token id ", id);
+    return id < vocab_size() ? pieces_[static_cast<std::size_t>(id)] : none;
   }
 
   std::vector<std::int32_t> encode(const std::string& text, bool add_bos = true, bool add_eos = false) const {
