@@ -1,7 +1,6 @@
 // llama-generate: paged-KV generation for a batch of prompts from a llama2.c or HF safetensors
 // checkpoint (or a random model, for trying the engine without files).
-#include "llama_engine.hpp"
-#include "llama_loader.hpp"
+#include "llama_cli.hpp"
 
 #include <loom/io/llama2c.hpp>
 
@@ -42,8 +41,7 @@ llama::llama_config random_config() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string checkpoint, tokenizer_path;
-  bool random_model = false;
+  llama::model_args model;
   std::vector<std::string> prompts;
   loom::kv::sampling_params sp;
   int max_new = 64;
@@ -58,9 +56,7 @@ int main(int argc, char** argv) {
       if (a == "--help" || a == "-h") {
         std::fputs(usage, stdout);
         return 0;
-      } else if (a == "--checkpoint") checkpoint = next();
-      else if (a == "--random") random_model = true;
-      else if (a == "--tokenizer") tokenizer_path = next();
+      } else if (model.parse(a, next, ec)) continue;
       else if (a == "--prompt") prompts.push_back(next());
       else if (a == "--prompt-file") {
         std::ifstream f(next());
@@ -73,21 +69,17 @@ int main(int argc, char** argv) {
       else if (a == "--top-p") sp.top_p = std::stof(next());
       else if (a == "--repetition-penalty") sp.repetition_penalty = std::stof(next());
       else if (a == "--seed") sp.seed = std::stoull(next());
-      else if (a == "--blocks") ec.num_blocks = std::stoi(next());
-      else if (a == "--block-size") ec.block_size = std::stoi(next());
-      else if (a == "--budget") ec.scheduler.max_num_batched_tokens = std::stoi(next());
       else LOOM_THROW("unknown argument '", a, "'");
     }
-    LOOM_CHECK(random_model != !checkpoint.empty(), "give exactly one of --checkpoint PATH and --random");
+    model.validate();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llama-generate: %s\n%s", e.what(), usage);
     return 2;
   }
   try {
-    const llama::llama_weights w = random_model ? llama::llama_weights::random(random_config(), 1)
-                                                : llama::load_checkpoint(checkpoint);
+    const llama::llama_weights w = model.load(random_config());
     std::optional<loom::io::llama2c_tokenizer> tok;
-    if (!tokenizer_path.empty()) tok.emplace(tokenizer_path, w.config.vocab_size);
+    if (!model.tokenizer.empty()) tok.emplace(model.tokenizer, w.config.vocab_size);
     if (prompts.empty()) prompts.push_back(tok ? "Once upon a time" : "1");
     const auto& c = w.config;
     std::printf("model: dim=%d hidden=%d layers=%d heads=%d kv_heads=%d vocab=%d max_seq_len=%d\n", c.dim, c.hidden_dim,

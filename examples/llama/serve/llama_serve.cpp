@@ -1,6 +1,6 @@
 // llama-serve: HTTP server (ChatGLM api.py protocol + OpenAI-compatible completions and chat
 // completions with SSE streaming) over the paged-KV LLaMA engine. Ctrl-C stops it.
-#include "llama_loader.hpp"
+#include "llama_cli.hpp"
 #include "llama_server.hpp"
 
 #include <csignal>
@@ -20,9 +20,9 @@ const char* usage =
 }
 
 int main(int argc, char** argv) {
-  std::string checkpoint, tokenizer_path, host = "127.0.0.1";
+  std::string host = "127.0.0.1";
   int port = 8000;
-  bool random_model = false;
+  llama::model_args model;
   llama::engine_config ec;
   ec.num_blocks = 1024;
   ec.scheduler.max_num_seqs = 64;
@@ -37,19 +37,14 @@ int main(int argc, char** argv) {
       if (a == "--help" || a == "-h") {
         std::fputs(usage, stdout);
         return 0;
-      } else if (a == "--checkpoint") checkpoint = next();
-      else if (a == "--random") random_model = true;
-      else if (a == "--tokenizer") tokenizer_path = next();
+      } else if (model.parse(a, next, ec)) continue;
       else if (a == "--host") host = next();
       else if (a == "--port") port = std::stoi(next());
-      else if (a == "--blocks") ec.num_blocks = std::stoi(next());
-      else if (a == "--block-size") ec.block_size = std::stoi(next());
-      else if (a == "--budget") ec.scheduler.max_num_batched_tokens = std::stoi(next());
       else if (a == "--max-seqs") ec.scheduler.max_num_seqs = std::stoi(next());
       else if (a == "--model-name") opt.model_name = next();
       else LOOM_THROW("unknown argument '", a, "'");
     }
-    LOOM_CHECK(random_model != !checkpoint.empty(), "give exactly one of --checkpoint PATH and --random");
+    model.validate();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llama-serve: %s\n%s", e.what(), usage);
     return 2;
@@ -58,9 +53,9 @@ int main(int argc, char** argv) {
     llama::llama_config rc;
     rc.vocab_size = 259;  // byte-level ids for --random
     rc.shared_classifier = false;
-    const llama::llama_weights w = random_model ? llama::llama_weights::random(rc, 1) : llama::load_checkpoint(checkpoint);
+    const llama::llama_weights w = model.load(rc);
     std::optional<loom::io::llama2c_tokenizer> tok;
-    if (!tokenizer_path.empty()) tok.emplace(tokenizer_path, w.config.vocab_size);
+    if (!model.tokenizer.empty()) tok.emplace(model.tokenizer, w.config.vocab_size);
     // Signals go to the main thread only, which waits for them and stops the server.
     sigset_t set;
     sigemptyset(&set);
