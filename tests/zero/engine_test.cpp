@@ -5,7 +5,7 @@
 // the ZeRO formulas; optimizer offload to cpu and to an nvme file gives the same losses.
 #include <loom/zero/engine.hpp>
 
-#include "support/local_comm.hpp"
+#include <loom/comm/thread_comm.hpp>
 #include "support/toy_model.hpp"
 
 #include <doctest/doctest.h>
@@ -76,12 +76,12 @@ template <class Stage, class T>
 run_result engine_run(int world, const zero::engine_options& o, std::size_t L = kLayers, std::size_t D = kWidth,
                       std::size_t steps = kSteps) {
   run_result out;
-  test::run_ranks(world, [&](test::local_comm& c) {
+  comm::run_ranks(world, [&](comm::thread_comm& c) {
     host_memory_resource states("states"), scratch("scratch"), host("host");
     toy_mlp model(L, D);
     run_result r;
     {
-      zero::engine<Stage, T, test::local_comm> e(
+      zero::engine<Stage, T, comm::thread_comm> e(
           c, zero::flat_layout(toy_mlp::specs(L, D), std::size_t(world)), o, {&states, &scratch, &host},
           [D](std::size_t p, std::size_t first, std::span<float> v) { toy_mlp::init(D, p, first, v); });
       r.bytes = e.bytes();
@@ -226,9 +226,9 @@ struct overflowing_model {
 }  // namespace
 
 TEST_CASE("an overflow on one rank skips the step on every rank") {
-  test::run_ranks(2, [](test::local_comm& c) {
+  comm::run_ranks(2, [](comm::thread_comm& c) {
     host_memory_resource states("states"), scratch("scratch"), host("host");
-    zero::engine<zero::stage2, float, test::local_comm> e(
+    zero::engine<zero::stage2, float, comm::thread_comm> e(
         c, zero::flat_layout(toy_mlp::specs(2, 4), 2), small_options(), {&states, &scratch, &host},
         [](std::size_t p, std::size_t first, std::span<float> v) { toy_mlp::init(4, p, first, v); });
     const std::vector<float> before = e.gather_master();
@@ -294,15 +294,15 @@ TEST_CASE("optimizer offload to cpu and nvme: same losses, state off the device,
 }
 
 TEST_CASE("engine: bad configuration is a clear error") {
-  test::run_ranks(2, [](test::local_comm& c) {
+  comm::run_ranks(2, [](comm::thread_comm& c) {
     host_memory_resource states("states"), scratch("scratch"), host("host");
     auto init = [](std::size_t, std::size_t, std::span<float>) {};
-    CHECK_THROWS_WITH_AS((zero::engine<zero::stage3, float, test::local_comm>(
+    CHECK_THROWS_WITH_AS((zero::engine<zero::stage3, float, comm::thread_comm>(
                              c, zero::flat_layout(toy_mlp::specs(2, 8), 4), {}, {&states, &scratch, &host}, init)),
                          doctest::Contains("world=4"), loom::error);
     zero::engine_options o;
     o.stage3 = {10, 10, 0};
-    CHECK_THROWS_WITH_AS((zero::engine<zero::stage3, float, test::local_comm>(
+    CHECK_THROWS_WITH_AS((zero::engine<zero::stage3, float, comm::thread_comm>(
                              c, zero::flat_layout(toy_mlp::specs(2, 8), 2), o, {&states, &scratch, &host}, init)),
                          doctest::Contains("stage3_max_live_parameters=10"), loom::error);
   });
