@@ -159,7 +159,8 @@ TEST_CASE("per-rank model-state memory matches the ZeRO formulas") {
   for (int world : {2, 4}) {
     const double n = world;
     auto check = [&](const run_result& r, double formula, const char* what) {
-      INFO(what, " dp=", world, " measured=", r.states_current, " formula=", formula, " persistent=", r.persistent_bytes);
+      INFO(std::string(what), " dp=", world, " measured=", r.states_current, " formula=", formula, " persistent=", r.persistent_bytes);
+      MESSAGE(std::string(what), " dp=", world, ": measured ", r.states_current, " B, formula ", formula, " B, persistent ", r.persistent_bytes, " B");
       CHECK(std::abs(double(r.states_current) - formula) <= 0.05 * formula + double(r.persistent_bytes));
       CHECK(r.states_current == r.bytes.parameters + r.bytes.persistent + r.bytes.gradients + r.bytes.optimizer);
     };
