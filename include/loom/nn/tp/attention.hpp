@@ -72,8 +72,9 @@ class parallel_attention {
     wv_ = linear<T>(layout, name + ".wv", d, split_.kv_heads * hd);
     wo_ = linear<T>(layout, name + ".wo", split_.heads * hd, d);
     record(shards, name + ".wq.weight", wq_.weight(), c.n_heads * hd, d, split_.first_head * hd, 0);
-    record(shards, name + ".wk.weight", wk_.weight(), c.n_kv_heads * hd, d, split_.first_kv_head * hd, 0);
-    record(shards, name + ".wv.weight", wv_.weight(), c.n_kv_heads * hd, d, split_.first_kv_head * hd, 0);
+    const int replica = t.rank % split_.kv_replicas;
+    record(shards, name + ".wk.weight", wk_.weight(), c.n_kv_heads * hd, d, split_.first_kv_head * hd, 0, replica);
+    record(shards, name + ".wv.weight", wv_.weight(), c.n_kv_heads * hd, d, split_.first_kv_head * hd, 0, replica);
     record(shards, name + ".wo.weight", wo_.weight(), d, c.n_heads * hd, 0, split_.first_head * hd);
     rope_ = rotary<T>(c.max_seq, hd, c.rope_theta, c.rope);
   }

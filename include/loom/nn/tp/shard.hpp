@@ -57,6 +57,7 @@ struct shard_desc {
   index_t rows = 0, cols = 1;  ///< local shape
   index_t full_rows = 0, full_cols = 1;
   index_t row0 = 0, col0 = 0;
+  int replica = 0;  ///< 0: the copy that counts (norms, consolidation); k > 0: the k-th duplicate
 };
 
 /// The shards of one rank's parameters, in declaration order.
@@ -64,10 +65,10 @@ using shard_list = std::vector<shard_desc>;
 
 template <std::size_t R>
 inline void record(shard_list* out, const std::string& name, const param_slot<R>& s, index_t full_rows, index_t full_cols,
-                   index_t row0, index_t col0) {
+                   index_t row0, index_t col0, int replica = 0) {
   if (!out) return;
   const index_t rows = s.shape[0], cols = R == 2 ? s.shape[R - 1] : 1;
-  out->push_back({name, s.offset, rows, cols, full_rows, full_cols, row0, col0});
+  out->push_back({name, s.offset, rows, cols, full_rows, full_cols, row0, col0, replica});
 }
 
 /// fn(local_offset, full_offset, count) for every row of every shard; `full_offset(name)`
