@@ -161,6 +161,21 @@ struct mpi_work final : work_state {
   mpi_job job;
   bool finished = false;
 
+  mpi_work() = default;
+  mpi_work(const mpi_work&) = delete;
+  mpi_work& operator=(const mpi_work&) = delete;
+  // A dropped handle still completes its operation (MPI forbids freeing an active collective
+  // request, and MPI would otherwise write into buffers the caller may free): wait quietly,
+  // bounded by the checked-mode timeout.
+  ~mpi_work() override {
+    if (finished || req == MPI_REQUEST_NULL || !state->broken.empty()) return;
+    try {
+      MPI_Status status{};
+      mpi_wait(*state, req, status, what);
+    } catch (...) {
+    }
+  }
+
   void wait() override {
     if (finished) return;
     MPI_Status status{};
