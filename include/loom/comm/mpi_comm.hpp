@@ -239,9 +239,9 @@ class mpi_comm : public collective_api<mpi_comm> {
   /// and breaks the communicator after the timeout). Returns whether an agreement took
   /// place (false when checked mode is off). nccl_comm agrees through its bootstrap mpi_comm.
   bool agree(const call_desc& d) {
+    if (!s_->broken.empty()) s_->check_usable(describe(d));
+    if (!checked()) return false;  // the unchecked path builds no strings: it is the hot path
     const std::string what = describe(d);
-    s_->check_usable(what);
-    if (!checked()) return false;
     const int p = size();
     std::vector<call_desc> all(static_cast<std::size_t>(p));
     MPI_Request req = MPI_REQUEST_NULL;
