@@ -68,6 +68,7 @@ struct options {
   std::int64_t batch = 8;      ///< micro batch without a config
   std::int64_t grad_accum = 1;
   std::int64_t print_every = 1;
+  int ranks = 1;               ///< data-parallel thread ranks; > 1 or ZeRO stage > 0 runs zero_trainer.hpp
   bool checkpointing = false;  ///< also on when the config has activation_checkpointing
 };
 
@@ -92,7 +93,7 @@ inline loom::io::ds_config resolve_config(const options& o) {
   loom::io::ds_config c = o.config_path.empty() ? loom::io::parse_ds_config(nlohmann::json::object())
                                                 : loom::io::load_ds_config(o.config_path, {o.allow_unknown});
   if (o.config_path.empty()) c.micro_batch_given = o.batch, c.grad_accum_given = o.grad_accum;
-  loom::io::ds_context ctx{.world_size = 1, .hidden_size = o.model.dim, .total_steps = o.steps, .warmup_steps = o.warmup, .lr = o.lr,
+  loom::io::ds_context ctx{.world_size = o.ranks, .hidden_size = o.model.dim, .total_steps = o.steps, .warmup_steps = o.warmup, .lr = o.lr,
                            .weight_decay = o.weight_decay, .gradient_clipping = o.clip,
                            .precision = o.precision.value_or(loom::dtype::f32), .micro_batch = o.batch, .grad_accum = o.grad_accum};
   loom::io::resolve_ds_config(c, ctx);
@@ -102,14 +103,18 @@ inline loom::io::ds_config resolve_config(const options& o) {
     c.fp16.enabled.value = *o.precision == loom::dtype::f16;
     c.bf16.value = *o.precision == loom::dtype::bf16;
   }
-  // One rank: every ZeRO partition is the whole buffer, so stages 1-3 compute exactly what
-  // stage 0 does; host memory is where cpu offload would put things anyway.
-  if (c.zero.stage > 0)
-    c.warnings.push_back("zero_optimization.stage " + std::to_string(c.zero.stage) +
-                         " on one rank: the partitions are the whole buffers (same result as stage 0)");
-  LOOM_CHECK(c.zero.offload_optimizer.device != loom::io::offload_device::nvme,
-             "llama-train: zero_optimization.offload_optimizer.device \"nvme\" is not available in the single-rank trainer; use \"cpu\" or \"none\"");
   return c;
+}
+
+using any_loss_scaler = std::variant<loom::amp::static_loss_scaler, loom::amp::dynamic_loss_scaler>;
+
+/// The loss scaler the config asks for: dynamic for fp16 with loss_scale 0, else static (1 without fp16).
+inline any_loss_scaler make_loss_scaler(const loom::io::ds_config& c) {
+  if (c.precision() == loom::dtype::f16 && c.fp16.loss_scale == 0.f)
+    return loom::amp::dynamic_loss_scaler({.initial_scale = std::ldexp(1.f, c.fp16.initial_scale_power),
+                                           .scale_window = c.fp16.loss_scale_window, .hysteresis = c.fp16.hysteresis,
+                                           .min_scale = c.fp16.min_loss_scale, .consecutive_hysteresis = c.fp16.consecutive_hysteresis});
+  return loom::amp::static_loss_scaler(c.precision() == loom::dtype::f16 ? c.fp16.loss_scale : 1.f);
 }
 
 namespace detail {
@@ -153,12 +158,7 @@ class trainer {
     model_.init(o.seed);
     model_.set_checkpointing(o.checkpointing || c.activation_checkpointing.enabled);
     if constexpr (!std::is_same_v<P, float>) master_ = loom::amp::master_weights<P>(std::span<const P>(model_.params()), mem_);
-    if (c.precision() == loom::dtype::f16 && c.fp16.loss_scale == 0.f)
-      scaler_ = loom::amp::dynamic_loss_scaler({.initial_scale = std::ldexp(1.f, c.fp16.initial_scale_power),
-                                                .scale_window = c.fp16.loss_scale_window, .hysteresis = c.fp16.hysteresis,
-                                                .min_scale = c.fp16.min_loss_scale, .consecutive_hysteresis = c.fp16.consecutive_hysteresis});
-    else
-      scaler_ = loom::amp::static_loss_scaler(c.precision() == loom::dtype::f16 ? c.fp16.loss_scale : 1.f);
+    scaler_ = make_loss_scaler(c);
   }
 
   std::int64_t step_count() const noexcept { return step_; }
@@ -358,6 +358,9 @@ train_result run_as(const options& o, const loom::io::ds_config& c, std::ostream
   return res;
 }
 
+// Data-parallel / ZeRO runs (zero_trainer.hpp, included at the end of this file).
+inline train_result run_zero(const options& o, const loom::io::ds_config& c, std::ostream* log);
+
 /// Trains as the options and config say; prints progress to `log` (may be null).
 inline train_result run(const options& o, std::ostream* log) {
   const auto c = resolve_config(o);
@@ -367,6 +370,8 @@ inline train_result run(const options& o, std::ostream* log) {
     *log << "llama-train: dim " << o.model.dim << ", layers " << o.model.n_layers << ", heads " << o.model.n_heads << "/"
          << o.model.n_kv_heads << ", vocab " << o.model.vocab << ", seq " << o.model.seq_len << " | " << loom::dtype_name(c.precision())
          << " | micro batch " << c.train_micro_batch_size_per_gpu << " x accumulation " << c.gradient_accumulation_steps << std::endl;
+  if (o.ranks > 1 || c.zero.stage > 0 || c.zero.offload_optimizer.device != loom::io::offload_device::none)
+    return run_zero(o, c, log);
   switch (c.precision()) {
     case loom::dtype::bf16: return run_as<loom::bfloat16>(o, c, log);
     case loom::dtype::f16: return run_as<loom::half>(o, c, log);
@@ -375,3 +380,5 @@ inline train_result run(const options& o, std::ostream* log) {
 }
 
 }  // namespace llama_train
+
+#include "zero_trainer.hpp"  // NOLINT: defines run_zero, declared above
