@@ -73,3 +73,7 @@ loom_resolve_option(${LOOM_ENABLE_CUDA} _cuda_found LOOM_HAS_CUDA)
 if(NOT LOOM_HAS_CUDA)
   set(LOOM_HAS_NCCL FALSE)
 endif()
+
+# -- nlohmann-json (config files and JSONL readers; headers that include it need it)
+find_package(nlohmann_json 3 QUIET)
+set(LOOM_HAS_JSON ${nlohmann_json_FOUND})

@@ -1,0 +1,588 @@
+#pragma once
+// DeepSpeed-style ds_config.json: parse, check every key, resolve "auto" and the batch sizes.
+//
+// Why strict: a DeepSpeed user's config is a contract. A key loom does not implement must
+// not be silently ignored (the user would believe ZeRO-Offload or a schedule is on when it
+// is not), so every unknown or unsupported key is an error that names the key and lists the
+// supported ones; `allow_unknown` downgrades unknown keys to warnings (returned in
+// ds_config::warnings, for the program to print). Values of the wrong type or out of range
+// are errors naming the key and the value.
+//
+// Two phases, as in DeepSpeed + HF Trainer:
+//   parse_ds_config(json)      -> ds_config with "auto" values marked (maybe_auto::is_auto)
+//   resolve_ds_config(cfg, ctx) fills them from the program's context (world size, hidden
+//                              size, steps, lr, precision flag) and applies DeepSpeed's batch
+//                              rule: train_batch_size = micro_batch * grad_accum * world.
+// The "auto" rules are HF's: reduce_bucket_size = h^2, stage3_prefetch_bucket_size =
+// 0.9 h^2, stage3_param_persistence_threshold = 10 h; optimizer/scheduler values from the
+// command line. Batch keys given as "auto" count as not given and are derived.
+//
+// Keys (see docs/training.md for the semantics of each and what loom does with it):
+//   train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps,
+//   gradient_clipping, steps_per_print, wall_clock_breakdown, communication_data_type,
+//   fp16 {enabled, loss_scale, initial_scale_power, loss_scale_window, hysteresis,
+//         consecutive_hysteresis, min_loss_scale}, bf16 | bfloat16 {enabled},
+//   zero_optimization {stage, offload_optimizer {device, pin_memory, nvme_path},
+//         offload_param {device, pin_memory}, overlap_comm, contiguous_gradients,
+//         reduce_scatter, reduce_bucket_size, allgather_bucket_size, sub_group_size,
+//         stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
+//         stage3_max_live_parameters, stage3_max_reuse_distance,
+//         stage3_gather_16bit_weights_on_model_save},
+//   optimizer {type: AdamW, params {lr, betas, eps, weight_decay}},
+//   scheduler {type: WarmupLR | WarmupDecayLR | WarmupCosineLR, params {...}},
+//   activation_checkpointing {partition_activations, cpu_checkpointing,
+//         contiguous_memory_optimization, number_checkpoints,
+//         synchronize_checkpoint_boundary, profile}.
+
+#include <loom/core/dtype.hpp>
+#include <loom/core/error.hpp>
+#include <loom/optim/adamw.hpp>
+#include <loom/optim/lr_schedule.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::io {
+
+/// A value that may be "auto" in the file until resolve_ds_config() fills it.
+template <class T>
+struct maybe_auto {
+  T value{};
+  bool is_auto = false;
+};
+
+enum class offload_device { none, cpu, nvme };
+
+struct ds_offload {
+  offload_device device = offload_device::none;
+  bool pin_memory = false;
+  std::string nvme_path;
+};
+
+struct ds_fp16 {
+  maybe_auto<bool> enabled;
+  float loss_scale = 0.f;  ///< 0: dynamic
+  int initial_scale_power = 16;
+  std::int64_t loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  float min_loss_scale = 1.f;
+};
+
+struct ds_zero {
+  int stage = 0;
+  ds_offload offload_optimizer, offload_param;
+  std::optional<bool> overlap_comm;  ///< unset: DeepSpeed's default (true for stage 3)
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  maybe_auto<std::int64_t> reduce_bucket_size{500000000};
+  std::int64_t allgather_bucket_size = 500000000;
+  std::int64_t sub_group_size = 1000000000;
+  maybe_auto<std::int64_t> stage3_prefetch_bucket_size{50000000};
+  maybe_auto<std::int64_t> stage3_param_persistence_threshold{100000};
+  std::int64_t stage3_max_live_parameters = 1000000000;
+  std::int64_t stage3_max_reuse_distance = 1000000000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  bool overlap() const noexcept { return overlap_comm.value_or(stage == 3); }
+};
+
+struct ds_optimizer {
+  maybe_auto<float> lr{1e-3f};
+  maybe_auto<float> beta1{0.9f}, beta2{0.999f};  ///< betas; auto applies to both
+  maybe_auto<float> eps{1e-8f};
+  maybe_auto<float> weight_decay{0.01f};
+  optim::adamw_options adamw() const { return {lr.value, beta1.value, beta2.value, eps.value, weight_decay.value}; }
+};
+
+enum class ds_scheduler_type { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr };
+
+struct ds_scheduler {
+  ds_scheduler_type type = ds_scheduler_type::none;
+  maybe_auto<std::int64_t> total_num_steps{0};
+  maybe_auto<std::int64_t> warmup_num_steps{1000};
+  maybe_auto<float> warmup_min_lr{0.f};
+  maybe_auto<float> warmup_max_lr{1e-3f};
+  float warmup_min_ratio = 0.f;
+  float cos_min_ratio = 1e-4f;
+  optim::warmup_type warmup = optim::warmup_type::log;
+};
+
+struct ds_activation_checkpointing {
+  bool enabled = false;  ///< the section is present
+  bool partition_activations = false;
+  bool cpu_checkpointing = false;
+  bool contiguous_memory_optimization = false;
+  std::int64_t number_checkpoints = 0;
+  bool synchronize_checkpoint_boundary = false;
+  bool profile = false;
+};
+
+struct ds_config {
+  // batch: as given (unset or "auto" = derive), then resolved
+  std::optional<std::int64_t> train_batch_size_given, micro_batch_given, grad_accum_given;
+  bool micro_batch_auto = false, grad_accum_auto = false;
+  std::int64_t train_batch_size = 0, train_micro_batch_size_per_gpu = 0, gradient_accumulation_steps = 0;
+  maybe_auto<float> gradient_clipping{0.f};  ///< 0: no clipping
+  std::int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  std::optional<dtype> communication_data_type;  ///< unset: the parameters' type
+  ds_fp16 fp16;
+  maybe_auto<bool> bf16;
+  ds_zero zero;
+  bool has_optimizer = false;
+  ds_optimizer optimizer;
+  ds_scheduler scheduler;
+  ds_activation_checkpointing activation_checkpointing;
+  std::vector<std::string> warnings;  ///< unknown keys when allow_unknown
+  bool resolved = false;
+
+  /// The training precision the config asks for: f16, bf16 or f32.
+  dtype precision() const noexcept { return fp16.enabled.value ? dtype::f16 : bf16.value ? dtype::bf16 : dtype::f32; }
+  /// The learning-rate schedule (a constant optimizer lr without a scheduler section).
+  optim::any_lr_schedule lr_schedule() const {
+    const auto& s = scheduler;
+    switch (s.type) {
+      case ds_scheduler_type::none: return {optim::constant_lr{optimizer.lr.value}};
+      case ds_scheduler_type::warmup_lr:
+        return {optim::warmup_lr{s.warmup_min_lr.value, s.warmup_max_lr.value, s.warmup_num_steps.value, s.warmup}};
+      case ds_scheduler_type::warmup_decay_lr:
+        return {optim::warmup_decay_lr{s.total_num_steps.value, s.warmup_min_lr.value, s.warmup_max_lr.value,
+                                       s.warmup_num_steps.value, s.warmup}};
+      case ds_scheduler_type::warmup_cosine_lr:
+        return {optim::warmup_cosine_lr{optimizer.lr.value, s.total_num_steps.value, s.warmup_min_ratio, s.warmup_num_steps.value,
+                                        s.cos_min_ratio, s.warmup}};
+    }
+    return {};
+  }
+};
+
+struct ds_parse_options {
+  bool allow_unknown = false;  ///< unknown keys become warnings instead of errors
+};
+
+/// What "auto" values and the batch rule are resolved from.
+struct ds_context {
+  int world_size = 1;                   ///< data-parallel ranks
+  std::int64_t hidden_size = 0;         ///< model dim, for the ZeRO bucket "auto" rules (0: unknown)
+  std::int64_t total_steps = 0;         ///< --steps, for scheduler total_num_steps
+  std::int64_t warmup_steps = 0;        ///< for scheduler warmup_num_steps
+  float lr = 1e-3f;                     ///< --lr
+  float weight_decay = 0.01f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float gradient_clipping = 1.f;
+  dtype precision = dtype::f32;         ///< --precision, for fp16/bf16 "enabled": "auto"
+  std::optional<std::int64_t> micro_batch = std::nullopt;  ///< --batch, for train_micro_batch_size_per_gpu: "auto"
+  std::optional<std::int64_t> grad_accum = std::nullopt;   ///< --grad-accum, for gradient_accumulation_steps: "auto"
+};
+
+namespace detail {
+
+inline std::string join_keys(std::initializer_list<std::string_view> keys) {
+  std::string s;
+  for (auto k : keys) s += (s.empty() ? "" : ", ") + std::string(k);
+  return s;
+}
+
+/// A JSON object of the config with its dotted path, key checks and typed getters.
+class ds_section {
+ public:
+  ds_section(const nlohmann::json& j, std::string path, std::vector<std::string>& warnings, bool allow_unknown)
+      : j_(j), path_(std::move(path)), warnings_(warnings), allow_unknown_(allow_unknown) {
+    LOOM_CHECK(j.is_object(), "ds_config: ", name(), " must be an object, got ", j.dump());
+  }
+  std::string key_path(std::string_view key) const { return path_.empty() ? std::string(key) : path_ + "." + std::string(key); }
+  std::string name() const { return path_.empty() ? std::string("the top level") : "\"" + path_ + "\""; }
+
+  /// Every key must be supported; `refused` lists keys DeepSpeed has but loom refuses, with a reason.
+  void check_keys(std::initializer_list<std::string_view> supported,
+                  std::initializer_list<std::pair<std::string_view, std::string_view>> refused = {}) const {
+    for (auto it = j_.begin(); it != j_.end(); ++it) {
+      const std::string& k = it.key();
+      if (std::find(supported.begin(), supported.end(), k) != supported.end()) continue;
+      for (auto [rk, why] : refused)
+        LOOM_CHECK(k != rk, "ds_config: unsupported key \"", key_path(k), "\": ", why, ". Supported keys in ", name(), ": ",
+                   join_keys(supported));
+      const std::string msg = "ds_config: unknown key \"" + key_path(k) + "\"; supported keys in " + name() + ": " + join_keys(supported);
+      LOOM_CHECK(allow_unknown_, msg, " (allow_unknown / --allow-unknown makes this a warning)");
+      warnings_.push_back(msg + " (ignored)");
+    }
+  }
+  bool has(std::string_view k) const { return j_.contains(k); }
+  bool is_auto(std::string_view k) const { return has(k) && j_.at(std::string(k)).is_string() && j_.at(std::string(k)) == "auto"; }
+  const nlohmann::json& at(std::string_view k) const { return j_.at(std::string(k)); }
+  ds_section child(std::string_view k) const { return ds_section(at(k), key_path(k), warnings_, allow_unknown_); }
+
+  void get(std::string_view k, bool& out) const {
+    if (!has(k)) return;
+    no_auto(k);
+    const auto& v = at(k);
+    LOOM_CHECK(v.is_boolean(), "ds_config: \"", key_path(k), "\" must be true or false, got ", v.dump());
+    out = v.get<bool>();
+  }
+  void get(std::string_view k, std::int64_t& out, std::int64_t min = 0) const {
+    if (!has(k)) return;
+    no_auto(k);
+    const auto& v = at(k);
+    // DeepSpeed configs write large counts as 1e9: accept integral floating values
+    LOOM_CHECK(v.is_number() && (v.is_number_integer() || std::floor(v.get<double>()) == v.get<double>()), "ds_config: \"",
+               key_path(k), "\" must be an integer, got ", v.dump());
+    const double d = v.get<double>();
+    LOOM_CHECK(d >= static_cast<double>(min) && d < 9.2e18, "ds_config: \"", key_path(k), "\" must be >= ", min, ", got ", v.dump());
+    out = v.is_number_integer() ? v.get<std::int64_t>() : static_cast<std::int64_t>(d);
+  }
+  void get(std::string_view k, int& out, int min = 0) const {
+    std::int64_t x = out;
+    get(k, x, min);
+    LOOM_CHECK(x <= 2147483647, "ds_config: \"", key_path(k), "\" is too large: ", x);
+    out = static_cast<int>(x);
+  }
+  void get(std::string_view k, float& out, double min = 0.0) const {
+    if (!has(k)) return;
+    no_auto(k);
+    const auto& v = at(k);
+    LOOM_CHECK(v.is_number() && std::isfinite(v.get<double>()), "ds_config: \"", key_path(k), "\" must be a number, got ", v.dump());
+    LOOM_CHECK(v.get<double>() >= min, "ds_config: \"", key_path(k), "\" must be >= ", min, ", got ", v.dump());
+    out = v.get<float>();
+  }
+  void get(std::string_view k, std::string& out) const {
+    if (!has(k)) return;
+    const auto& v = at(k);
+    LOOM_CHECK(v.is_string(), "ds_config: \"", key_path(k), "\" must be a string, got ", v.dump());
+    out = v.get<std::string>();
+  }
+  template <class T, class... Min>
+  void get(std::string_view k, maybe_auto<T>& out, Min... min) const {
+    if (is_auto(k)) {
+      out.is_auto = true;
+      return;
+    }
+    get(k, out.value, min...);
+  }
+  /// A key that may not be "auto" (no rule to resolve it); the plain getters check this.
+  void no_auto(std::string_view k) const {
+    LOOM_CHECK(!is_auto(k), "ds_config: \"", key_path(k), "\" cannot be \"auto\" (loom has no rule to resolve it); give a value");
+  }
+
+ private:
+  const nlohmann::json& j_;
+  std::string path_;
+  std::vector<std::string>& warnings_;
+  bool allow_unknown_;
+};
+
+inline std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+inline ds_offload parse_offload(const ds_section& s, bool allow_nvme) {
+  s.check_keys({"device", "pin_memory", "nvme_path"},
+               {{"buffer_count", "loom's nvme offload maps one file; no buffer pool to size"},
+                {"buffer_size", "loom's nvme offload maps one file; no buffer pool to size"},
+                {"max_in_cpu", "parameter offload keeps all parameters in host memory"},
+                {"fast_init", "not implemented"},
+                {"ratio", "partial offload is not implemented"}});
+  ds_offload o;
+  std::string dev = "none";
+  s.get("device", dev);
+  if (dev == "none") o.device = offload_device::none;
+  else if (dev == "cpu") o.device = offload_device::cpu;
+  else if (dev == "nvme" && allow_nvme) o.device = offload_device::nvme;
+  else
+    LOOM_THROW("ds_config: \"", s.key_path("device"), "\" must be ", allow_nvme ? "\"none\", \"cpu\" or \"nvme\"" : "\"none\" or \"cpu\"",
+               ", got \"", dev, "\"");
+  s.get("pin_memory", o.pin_memory);
+  s.get("nvme_path", o.nvme_path);
+  LOOM_CHECK(o.device != offload_device::nvme || !o.nvme_path.empty(), "ds_config: \"", s.key_path("device"),
+             "\" is \"nvme\" but \"", s.key_path("nvme_path"), "\" is not given");
+  return o;
+}
+
+}  // namespace detail
+
+/// Parses and checks a config; "auto" values stay marked until resolve_ds_config().
+inline ds_config parse_ds_config(const nlohmann::json& j, const ds_parse_options& po = {}) {
+  ds_config c;
+  detail::ds_section top(j, "", c.warnings, po.allow_unknown);
+  top.check_keys({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+                  "steps_per_print", "wall_clock_breakdown", "communication_data_type", "fp16", "bf16", "bfloat16",
+                  "zero_optimization", "optimizer", "scheduler", "activation_checkpointing"},
+                 {{"amp", "NVIDIA apex AMP is not available; use \"fp16\" or \"bf16\""},
+                  {"fp16_master_weights_and_grads", "loom keeps fp32 master weights and gradients"},
+                  {"prescale_gradients", "not implemented (gradients are averaged after the reduction)"},
+                  {"gradient_predivide_factor", "not implemented (gradients are averaged after the reduction)"},
+                  {"sparse_gradients", "not implemented"},
+                  {"zero_allow_untested_optimizer", "only AdamW is supported"},
+                  {"flops_profiler", "not implemented; llama-train prints model FLOP/s per step"},
+                  {"tensorboard", "not implemented"},
+                  {"wandb", "not implemented"},
+                  {"compression_training", "not implemented"},
+                  {"pipeline", "pipeline parallelism is configured with --pp, not in ds_config"}});
+
+  for (auto [key, slot] : {std::pair<std::string_view, std::optional<std::int64_t>*>{"train_batch_size", &c.train_batch_size_given},
+                           {"train_micro_batch_size_per_gpu", &c.micro_batch_given},
+                           {"gradient_accumulation_steps", &c.grad_accum_given}}) {
+    if (!top.has(key)) continue;
+    if (top.is_auto(key)) {
+      c.micro_batch_auto |= key == "train_micro_batch_size_per_gpu";
+      c.grad_accum_auto |= key == "gradient_accumulation_steps";
+      continue;
+    }
+    std::int64_t v = 0;
+    top.get(key, v, 1);
+    *slot = v;
+  }
+  top.get("gradient_clipping", c.gradient_clipping, 0.0);
+  top.get("steps_per_print", c.steps_per_print, 1);
+  top.get("wall_clock_breakdown", c.wall_clock_breakdown);
+  if (top.has("communication_data_type") && !top.at("communication_data_type").is_null()) {
+    std::string t;
+    top.get("communication_data_type", t);
+    const auto d = parse_dtype(t);
+    LOOM_CHECK(d == dtype::f32 || d == dtype::f16 || d == dtype::bf16, "ds_config: \"communication_data_type\" must be fp32, fp16 or bf16, got \"",
+               t, "\"");
+    c.communication_data_type = d;
+  }
+
+  if (top.has("fp16")) {
+    auto s = top.child("fp16");
+    s.check_keys({"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+                  "min_loss_scale"},
+                 {{"auto_cast", "loom casts explicitly (fp16 parameters, fp32 master weights); auto_cast is not implemented"}});
+    s.get("enabled", c.fp16.enabled);
+    s.get("loss_scale", c.fp16.loss_scale, 0.0);
+    s.get("initial_scale_power", c.fp16.initial_scale_power, 0);
+    LOOM_CHECK(c.fp16.initial_scale_power <= 127, "ds_config: \"fp16.initial_scale_power\" must be <= 127, got ", c.fp16.initial_scale_power);
+    s.get("loss_scale_window", c.fp16.loss_scale_window, 1);
+    s.get("hysteresis", c.fp16.hysteresis, 1);
+    s.get("consecutive_hysteresis", c.fp16.consecutive_hysteresis);
+    s.get("min_loss_scale", c.fp16.min_loss_scale, 0.0);
+    LOOM_CHECK(c.fp16.min_loss_scale > 0.f, "ds_config: \"fp16.min_loss_scale\" must be > 0, got ", c.fp16.min_loss_scale);
+  }
+  for (auto key : {"bf16", "bfloat16"}) {
+    if (!top.has(key)) continue;
+    LOOM_CHECK(!(top.has("bf16") && top.has("bfloat16")), "ds_config: give \"bf16\" or its alias \"bfloat16\", not both");
+    auto s = top.child(key);
+    s.check_keys({"enabled"}, {{"immediate_grad_update", "not implemented"}, {"check_grad_overflow", "not implemented"}});
+    s.get("enabled", c.bf16);
+  }
+  LOOM_CHECK(!(c.fp16.enabled.value && c.bf16.value), "ds_config: \"fp16.enabled\" and \"bf16.enabled\" are both true; choose one");
+
+  if (top.has("zero_optimization")) {
+    auto s = top.child("zero_optimization");
+    s.check_keys({"stage", "offload_optimizer", "offload_param", "overlap_comm", "contiguous_gradients", "reduce_scatter",
+                  "reduce_bucket_size", "allgather_bucket_size", "sub_group_size", "stage3_prefetch_bucket_size",
+                  "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                  "stage3_gather_16bit_weights_on_model_save"},
+                 {{"cpu_offload", "deprecated by DeepSpeed; use \"offload_optimizer\": {\"device\": \"cpu\"}"},
+                  {"cpu_offload_params", "deprecated by DeepSpeed; use \"offload_param\""},
+                  {"allgather_partitions", "loom always all-gathers partitions"},
+                  {"round_robin_gradients", "not implemented"},
+                  {"zero_hpz_partition_size", "ZeRO++ hierarchical partitioning is not implemented"},
+                  {"zero_quantized_weights", "ZeRO++ quantized weights are not implemented"},
+                  {"zero_quantized_gradients", "ZeRO++ quantized gradients are not implemented"},
+                  {"elastic_checkpoint", "not implemented"},
+                  {"load_from_fp32_weights", "not implemented"},
+                  {"ignore_unused_parameters", "not implemented"},
+                  {"legacy_stage1", "not implemented"},
+                  {"mics_shard_size", "MiCS is not implemented"}});
+    auto& z = c.zero;
+    s.get("stage", z.stage, 0);
+    LOOM_CHECK(z.stage <= 3, "ds_config: \"zero_optimization.stage\" must be 0, 1, 2 or 3, got ", z.stage);
+    if (s.has("offload_optimizer")) z.offload_optimizer = detail::parse_offload(s.child("offload_optimizer"), true);
+    if (s.has("offload_param")) z.offload_param = detail::parse_offload(s.child("offload_param"), false);
+    LOOM_CHECK(z.offload_optimizer.device == offload_device::none || z.stage >= 1,
+               "ds_config: \"zero_optimization.offload_optimizer\" needs stage 1, 2 or 3, got stage ", z.stage);
+    LOOM_CHECK(z.offload_param.device == offload_device::none || z.stage == 3,
+               "ds_config: \"zero_optimization.offload_param\" needs stage 3, got stage ", z.stage);
+    if (s.has("overlap_comm")) {
+      bool b = false;
+      s.get("overlap_comm", b);
+      z.overlap_comm = b;
+    }
+    s.get("contiguous_gradients", z.contiguous_gradients);
+    s.get("reduce_scatter", z.reduce_scatter);
+    s.get("reduce_bucket_size", z.reduce_bucket_size, 1);
+    s.get("allgather_bucket_size", z.allgather_bucket_size, 1);
+    s.get("sub_group_size", z.sub_group_size, 1);
+    s.get("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0);
+    s.get("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 0);
+    s.get("stage3_max_live_parameters", z.stage3_max_live_parameters, 0);
+    s.get("stage3_max_reuse_distance", z.stage3_max_reuse_distance, 0);
+    s.get("stage3_gather_16bit_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save);
+  }
+
+  if (top.has("optimizer")) {
+    auto s = top.child("optimizer");
+    s.check_keys({"type", "params"});
+    std::string type;
+    s.get("type", type);
+    LOOM_CHECK(detail::lower(type) == "adamw", "ds_config: \"optimizer.type\" \"", type,
+               "\" is not supported; supported optimizer types: AdamW");
+    c.has_optimizer = true;
+    if (s.has("params")) {
+      auto p = s.child("params");
+      p.check_keys({"lr", "betas", "eps", "weight_decay"},
+                   {{"torch_adam", "loom's AdamW is its own host/CUDA kernel"},
+                    {"adam_w_mode", "AdamW always decouples weight decay (adam_w_mode = true)"},
+                    {"bias_correction", "bias correction is always on"},
+                    {"amsgrad", "AMSGrad is not implemented"}});
+      auto& o = c.optimizer;
+      p.get("lr", o.lr, 0.0);
+      p.get("eps", o.eps, 0.0);
+      p.get("weight_decay", o.weight_decay, 0.0);
+      if (p.is_auto("betas")) {
+        o.beta1.is_auto = o.beta2.is_auto = true;
+      } else if (p.has("betas")) {
+        const auto& b = p.at("betas");
+        LOOM_CHECK(b.is_array() && b.size() == 2 && b[0].is_number() && b[1].is_number(),
+                   "ds_config: \"optimizer.params.betas\" must be [beta1, beta2], got ", b.dump());
+        o.beta1.value = b[0].get<float>(), o.beta2.value = b[1].get<float>();
+        LOOM_CHECK(o.beta1.value >= 0 && o.beta1.value < 1 && o.beta2.value >= 0 && o.beta2.value < 1,
+                   "ds_config: \"optimizer.params.betas\" must be in [0, 1), got ", b.dump());
+      }
+    }
+  }
+
+  if (top.has("scheduler")) {
+    auto s = top.child("scheduler");
+    s.check_keys({"type", "params"});
+    std::string type;
+    s.get("type", type);
+    auto& sc = c.scheduler;
+    if (type == "WarmupLR") sc.type = ds_scheduler_type::warmup_lr;
+    else if (type == "WarmupDecayLR") sc.type = ds_scheduler_type::warmup_decay_lr;
+    else if (type == "WarmupCosineLR") sc.type = ds_scheduler_type::warmup_cosine_lr;
+    else LOOM_THROW("ds_config: \"scheduler.type\" \"", type, "\" is not supported; supported: WarmupLR, WarmupDecayLR, WarmupCosineLR");
+    if (s.has("params")) {
+      auto p = s.child("params");
+      std::string wt = "log";
+      if (sc.type == ds_scheduler_type::warmup_cosine_lr) {
+        p.check_keys({"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type", "last_batch_iteration"});
+        p.get("warmup_min_ratio", sc.warmup_min_ratio, 0.0);
+        p.get("cos_min_ratio", sc.cos_min_ratio, 0.0);
+      } else {
+        if (sc.type == ds_scheduler_type::warmup_lr)
+          p.check_keys({"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"});
+        else
+          p.check_keys({"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"});
+        p.get("warmup_min_lr", sc.warmup_min_lr, 0.0);
+        p.get("warmup_max_lr", sc.warmup_max_lr, 0.0);
+      }
+      p.get("total_num_steps", sc.total_num_steps, 1);
+      p.get("warmup_num_steps", sc.warmup_num_steps, 0);
+      p.get("warmup_type", wt);
+      sc.warmup = optim::parse_warmup_type(wt);
+      if (p.has("last_batch_iteration")) {
+        LOOM_CHECK(p.at("last_batch_iteration").is_number_integer() && p.at("last_batch_iteration").get<std::int64_t>() == -1,
+                   "ds_config: \"scheduler.params.last_batch_iteration\" other than -1 is not supported (resume restores it from the "
+                   "checkpoint), got ", p.at("last_batch_iteration").dump());
+      }
+    }
+  }
+
+  if (top.has("activation_checkpointing")) {
+    auto s = top.child("activation_checkpointing");
+    s.check_keys({"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization", "number_checkpoints",
+                  "synchronize_checkpoint_boundary", "profile"});
+    auto& a = c.activation_checkpointing;
+    a.enabled = true;
+    s.get("partition_activations", a.partition_activations);
+    s.get("cpu_checkpointing", a.cpu_checkpointing);
+    s.get("contiguous_memory_optimization", a.contiguous_memory_optimization);
+    s.get("number_checkpoints", a.number_checkpoints, 0);
+    s.get("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary);
+    s.get("profile", a.profile);
+    LOOM_CHECK(!a.contiguous_memory_optimization, "ds_config: unsupported value \"activation_checkpointing.contiguous_memory_optimization\": true "
+               "(loom's checkpoints are ordinary buffers from the memory resource); set it to false");
+  }
+  return c;
+}
+
+/// Parses a file; errors carry the path.
+inline ds_config load_ds_config(const std::string& path, const ds_parse_options& po = {}) {
+  std::ifstream f(path);
+  LOOM_CHECK(f.good(), "ds_config: cannot open path='", path, "'");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    LOOM_THROW("ds_config: path='", path, "' is not valid JSON: ", e.what());
+  }
+  try {
+    return parse_ds_config(j, po);
+  } catch (const loom::error& e) {
+    throw loom::error(path + ": " + e.what());
+  }
+}
+
+/// Fills "auto" values from the context and applies DeepSpeed's batch-size rule.
+inline void resolve_ds_config(ds_config& c, const ds_context& ctx) {
+  LOOM_CHECK(ctx.world_size >= 1, "ds_config: world_size must be >= 1, got world_size=", ctx.world_size);
+  const std::int64_t W = ctx.world_size;
+  // -- batch (DeepSpeed's _set_batch_related_parameters + _batch_assertion)
+  auto tb = c.train_batch_size_given, mb = c.micro_batch_given, ga = c.grad_accum_given;
+  // "auto" takes the program's value when it has one; otherwise the key counts as not given
+  if (c.micro_batch_auto && ctx.micro_batch) mb = ctx.micro_batch;
+  if (c.grad_accum_auto && ctx.grad_accum) ga = ctx.grad_accum;
+  std::int64_t T = 0, M = 0, G = 0;
+  if (tb && mb && ga) T = *tb, M = *mb, G = *ga;
+  else if (tb && mb) T = *tb, M = *mb, G = T / M / W;
+  else if (tb && ga) T = *tb, G = *ga, M = T / W / G;
+  else if (mb && ga) M = *mb, G = *ga, T = M * G * W;
+  else if (tb) T = *tb, G = 1, M = T / W;
+  else if (mb) M = *mb, G = 1, T = M * W;
+  else LOOM_THROW("ds_config: either \"train_batch_size\" or \"train_micro_batch_size_per_gpu\" must be given");
+  LOOM_CHECK(M > 0 && G > 0 && T == M * G * W, "ds_config: batch sizes are inconsistent: train_batch_size=", T,
+             " must equal train_micro_batch_size_per_gpu (", M, ") * gradient_accumulation_steps (", G, ") * data-parallel size (", W,
+             ") = ", M * G * W);
+  c.train_batch_size = T, c.train_micro_batch_size_per_gpu = M, c.gradient_accumulation_steps = G;
+
+  // -- precision
+  if (c.fp16.enabled.is_auto) c.fp16.enabled = {ctx.precision == dtype::f16, false};
+  if (c.bf16.is_auto) c.bf16 = {ctx.precision == dtype::bf16, false};
+  LOOM_CHECK(!(c.fp16.enabled.value && c.bf16.value), "ds_config: \"fp16.enabled\" and \"bf16.enabled\" are both true; choose one");
+  if (c.gradient_clipping.is_auto) c.gradient_clipping = {ctx.gradient_clipping, false};
+
+  // -- ZeRO buckets (HF's rules)
+  auto need_hidden = [&](const char* key) {
+    LOOM_CHECK(ctx.hidden_size > 0, "ds_config: \"zero_optimization.", key, "\" is \"auto\" but the model's hidden size is unknown");
+  };
+  const std::int64_t h = ctx.hidden_size;
+  if (c.zero.reduce_bucket_size.is_auto) need_hidden("reduce_bucket_size"), c.zero.reduce_bucket_size = {h * h, false};
+  if (c.zero.stage3_prefetch_bucket_size.is_auto)
+    need_hidden("stage3_prefetch_bucket_size"), c.zero.stage3_prefetch_bucket_size = {static_cast<std::int64_t>(0.9 * double(h * h)), false};
+  if (c.zero.stage3_param_persistence_threshold.is_auto)
+    need_hidden("stage3_param_persistence_threshold"), c.zero.stage3_param_persistence_threshold = {10 * h, false};
+
+  // -- optimizer / scheduler
+  auto& o = c.optimizer;
+  if (o.lr.is_auto) o.lr = {ctx.lr, false};
+  if (o.beta1.is_auto) o.beta1 = {ctx.beta1, false}, o.beta2 = {ctx.beta2, false};
+  if (o.eps.is_auto) o.eps = {ctx.eps, false};
+  if (o.weight_decay.is_auto) o.weight_decay = {ctx.weight_decay, false};
+  if (!c.has_optimizer) o.lr.value = ctx.lr;
+  optim::check_adamw_options(o.adamw());
+  auto& s = c.scheduler;
+  if (s.total_num_steps.is_auto) {
+    LOOM_CHECK(ctx.total_steps > 0, "ds_config: \"scheduler.params.total_num_steps\" is \"auto\" but the number of steps is unknown");
+    s.total_num_steps = {ctx.total_steps, false};
+  }
+  if (s.warmup_num_steps.is_auto) s.warmup_num_steps = {ctx.warmup_steps, false};
+  if (s.warmup_min_lr.is_auto) s.warmup_min_lr = {0.f, false};
+  if (s.warmup_max_lr.is_auto) s.warmup_max_lr = {o.lr.value, false};
+  std::visit([](const auto& sch) { optim::check_schedule(sch); }, c.lr_schedule().schedule);
+  c.resolved = true;
+}
+
+}  // namespace loom::io

@@ -1,0 +1,41 @@
+#pragma once
+// Cross-entropy loss layer over logits [rows, vocab] with an ignore index (PyTorch's -100 by
+// default): mean over counted targets. Keeps the per-row log-sum-exp between forward and
+// backward.
+
+#include <loom/core/buffer.hpp>
+#include <loom/ops/host/cross_entropy.hpp>
+
+namespace loom::nn {
+
+template <ops::compute_type T>
+class cross_entropy {
+ public:
+  explicit cross_entropy(ops::cross_entropy_options opt = {}) : opt_(opt) {}
+
+  /// Mean loss over targets != ignore_index; a target outside [0, vocab) is a loom::error.
+  template <class Tgt>
+  T forward(ops::in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets) {
+    if (lse_.size() < static_cast<std::size_t>(logits.extent(0))) lse_ = buffer<T>(logits.extent(0));
+    return ops::cross_entropy_forward(host{}, logits, targets, lse(logits.extent(0)), opt_);
+  }
+  /// dlogits += dloss * d(mean loss)/dlogits for the logits of the last forward.
+  template <class Tgt>
+  void backward(ops::in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets, tensor_view<T, host, 2> dlogits,
+                T dloss = T(1)) const {
+    ops::cross_entropy_backward(host{}, logits, targets, lse(logits.extent(0)), dlogits, dloss, opt_);
+  }
+  const ops::cross_entropy_options& options() const noexcept { return opt_; }
+
+ private:
+  tensor_view<T, host, 1> lse(index_t n) { return make_view(lse_.data(), n); }
+  tensor_view<const T, host, 1> lse(index_t n) const {
+    LOOM_CHECK(static_cast<std::size_t>(n) <= lse_.size(), "nn::cross_entropy: backward for ", n,
+               " rows before a forward with as many");
+    return make_view(lse_.data(), n);
+  }
+  ops::cross_entropy_options opt_;
+  buffer<T> lse_;
+};
+
+}  // namespace loom::nn

@@ -1,0 +1,41 @@
+#pragma once
+// Token embedding layer: `<name>.weight` [vocab, dim]; forward gathers rows, backward adds
+// into the gathered rows' gradients. The slot is exposed so an output projection can share
+// it (tied weights).
+
+#include <loom/nn/parameters.hpp>
+#include <loom/ops/host/embedding.hpp>
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace loom::nn {
+
+template <ops::compute_type T>
+class embedding {
+ public:
+  embedding() = default;
+  embedding(param_layout& layout, const std::string& name, index_t vocab, index_t dim)
+      : weight_(layout.add(name + ".weight", extents<2>{vocab, dim})) {}
+
+  index_t vocab() const noexcept { return weight_.shape[0]; }
+  index_t dim() const noexcept { return weight_.shape[1]; }
+  const param_slot<2>& weight() const noexcept { return weight_; }
+
+  /// out [n, dim] = table[tokens]; a token outside [0, vocab) is a loom::error naming it.
+  template <class P, class Token>
+  void forward(std::span<P> params, tensor_view<Token, host, 1> tokens, tensor_view<T, host, 2> out) const {
+    ops::embedding_forward(host{}, tokens, weight_.in(as_const(params)), out);
+  }
+  /// dtable[tokens] += dout
+  template <class Token>
+  void backward(std::span<T> grads, tensor_view<Token, host, 1> tokens, in_view<T, 2> dout) const {
+    ops::embedding_backward(host{}, tokens, dout, weight_.in(grads));
+  }
+
+ private:
+  param_slot<2> weight_{};
+};
+
+}  // namespace loom::nn

@@ -1,0 +1,98 @@
+#pragma once
+// Linear layer y = x W^T (+ b), W: [out, in] (PyTorch's layout), with explicit backward.
+//
+// Parameters are read from the model's flat parameter buffer through slots; gradients are
+// ADDED into the flat gradient buffer (callers zero it once per accumulation window), and
+// dx is added into (so residual branches sum without copies). Weights stored in 16 bits are
+// widened into the workspace before the GEMM. A linear built from an existing slot shares
+// the weight (tied embedding / output projection) and adds its gradient into the same place.
+
+#include <loom/nn/parameters.hpp>
+#include <loom/nn/workspace.hpp>
+#include <loom/ops/host/common.hpp>
+#include <loom/ops/host/gemm.hpp>
+
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+
+namespace loom::nn {
+
+/// The parameter in slot `s` as compute-type elements: the stored tensor itself when P == T,
+/// else a widened copy in the workspace.
+template <compute_type T, class P, std::size_t R>
+inline tensor_view<const T, host, R> weights_as(const param_slot<R>& s, std::span<P> params, workspace<T>& ws) {
+  auto w = s.in(as_const(params));
+  if constexpr (std::is_same_v<std::remove_const_t<P>, T>) {
+    return w;
+  } else {
+    auto tmp = ws.take(s.numel());
+    const auto* src = w.data();
+    for (std::size_t i = 0; i < s.numel(); ++i) tmp[i] = ops::load<T>(src[i]);
+    return {tmp.data(), s.shape};
+  }
+}
+
+template <compute_type T>
+class linear {
+ public:
+  linear() = default;
+  /// Declares `<name>.weight` [out, in] (and `<name>.bias` [out]) in the layout.
+  linear(param_layout& layout, const std::string& name, index_t in, index_t out, bool bias = false)
+      : weight_(layout.add(name + ".weight", extents<2>{out, in})) {
+    if (bias) bias_ = layout.add(name + ".bias", extents<1>{out});
+  }
+  /// A linear layer over an already declared weight [out, in] (weight tying).
+  explicit linear(param_slot<2> shared_weight) : weight_(shared_weight) {}
+
+  index_t in_features() const noexcept { return weight_.shape[1]; }
+  index_t out_features() const noexcept { return weight_.shape[0]; }
+  const param_slot<2>& weight() const noexcept { return weight_; }
+
+  /// y [n, out] = x [n, in] W^T + b   (y is overwritten)
+  template <class P>
+  void forward(std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y, workspace<T>& ws) const {
+    check(x, "x");
+    LOOM_CHECK(y.extent(0) == x.extent(0) && y.extent(1) == out_features(), "nn::linear: output has shape ",
+               ops::detail::str(y.shape()), ", expected [", x.extent(0), ", ", out_features(), "]");
+    ops::gemm(host{}, x, weights_as<T>(weight_, params, ws).transpose(0, 1), y);
+    if (bias_) {
+      auto b = weights_as<T>(*bias_, params, ws);
+      for (index_t r = 0; r < y.extent(0); ++r) {
+        T* yr = &y(r, 0);
+        LOOM_SIMD
+        for (index_t j = 0; j < out_features(); ++j) yr[j] += b(j);
+      }
+    }
+  }
+
+  /// dW += dy^T x, db += sum_rows dy, dx += dy W (skipped when dx is empty).
+  template <class P>
+  void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, in_view<T, 2> dy, tensor_view<T, host, 2> dx,
+                workspace<T>& ws) const {
+    check(x, "x");
+    LOOM_CHECK(dy.extent(0) == x.extent(0) && dy.extent(1) == out_features(), "nn::linear: dy has shape ",
+               ops::detail::str(dy.shape()), ", expected [", x.extent(0), ", ", out_features(), "]");
+    ops::gemm(host{}, dy.transpose(0, 1), x, weight_.in(grads), T(1), T(1));
+    if (bias_) {
+      auto db = bias_->in(grads);
+      for (index_t r = 0; r < dy.extent(0); ++r) {
+        const T* g = &dy(r, 0);
+        LOOM_SIMD
+        for (index_t j = 0; j < out_features(); ++j) db(j) += g[j];
+      }
+    }
+    if (!dx.empty()) ops::gemm(host{}, dy, weights_as<T>(weight_, params, ws), dx, T(1), T(1));
+  }
+
+ private:
+  void check(const in_view<T, 2>& x, const char* what) const {
+    LOOM_CHECK(x.extent(1) == in_features(), "nn::linear: ", what, " has ", x.extent(1), " features, the layer takes ",
+               in_features());
+  }
+  param_slot<2> weight_{};
+  std::optional<param_slot<1>> bias_;
+};
+
+}  // namespace loom::nn

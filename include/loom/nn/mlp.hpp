@@ -1,0 +1,118 @@
+#pragma once
+// Feed-forward blocks with explicit backward:
+//   swiglu_mlp (LLaMA):  y = W2 (silu(W1 x) * W3 x)    `<name>.w1/w2/w3.weight`
+//   gelu_mlp   (GPT):    y = Wp gelu(Wf x + bf) + bp   `<name>.fc/proj.weight|bias`
+// The hidden activations backward needs are in the caller-owned `activations`.
+
+#include <loom/core/buffer.hpp>
+#include <loom/nn/linear.hpp>
+#include <loom/nn/workspace.hpp>
+#include <loom/ops/host/activation.hpp>
+
+#include <string>
+
+namespace loom::nn {
+
+template <compute_type T>
+class swiglu_mlp {
+ public:
+  struct activations {
+    index_t rows = 0;
+    buffer<T> gate, up, hidden;  // [rows, hidden_dim]: W1 x, W3 x, silu(W1 x) * W3 x
+  };
+
+  swiglu_mlp() = default;
+  swiglu_mlp(param_layout& layout, const std::string& name, index_t dim, index_t hidden_dim)
+      : w1_(layout, name + ".w1", dim, hidden_dim), w2_(layout, name + ".w2", hidden_dim, dim),
+        w3_(layout, name + ".w3", dim, hidden_dim) {}
+
+  index_t dim() const noexcept { return w1_.in_features(); }
+  index_t hidden_dim() const noexcept { return w1_.out_features(); }
+
+  activations make_activations(index_t rows, memory_resource& mr = default_resource<host>()) const {
+    const auto n = static_cast<std::size_t>(rows * hidden_dim());
+    return {rows, buffer<T>(n, mr), buffer<T>(n, mr), buffer<T>(n, mr)};
+  }
+
+  /// y [rows, dim] = mlp(x [rows, dim]); y is overwritten.
+  template <class P>
+  void forward(std::span<P> params, in_view<T, 2> x, activations& a, tensor_view<T, host, 2> y, workspace<T>& ws) const {
+    const index_t n = rows(x, a), f = hidden_dim();
+    w1_.forward(params, x, a.gate.view(n, f), ws);
+    w3_.forward(params, x, a.up.view(n, f), ws);
+    ops::swiglu_forward(host{}, a.gate.view(), a.up.view(), a.hidden.view());
+    w2_.forward(params, a.hidden.view(n, f), y, ws);
+  }
+
+  /// dx += d/dx; parameter gradients added into `grads`.
+  template <class P>
+  void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
+                tensor_view<T, host, 2> dx, workspace<T>& ws) const {
+    const index_t n = rows(x, a), f = hidden_dim();
+    auto dh = ws.take_zeroed(n * f), dg = ws.take_zeroed(n * f), du = ws.take_zeroed(n * f);
+    w2_.backward(params, grads, make_view(a.hidden.data(), n, f), dy, make_view(dh.data(), n, f), ws);
+    ops::swiglu_backward(host{}, make_view(dh.data(), n * f), a.gate.view(), a.up.view(), make_view(dg.data(), n * f),
+                         make_view(du.data(), n * f));
+    w1_.backward(params, grads, x, make_view(dg.data(), n, f), dx, ws);
+    w3_.backward(params, grads, x, make_view(du.data(), n, f), dx, ws);
+  }
+
+ private:
+  index_t rows(const in_view<T, 2>& x, const activations& a) const {
+    LOOM_CHECK(x.extent(0) == a.rows, "nn::swiglu_mlp: input has ", x.extent(0), " rows, activations were made for ",
+               a.rows);
+    return a.rows;
+  }
+  linear<T> w1_, w2_, w3_;
+};
+
+template <compute_type T>
+class gelu_mlp {
+ public:
+  struct activations {
+    index_t rows = 0;
+    buffer<T> pre, hidden;  // [rows, hidden_dim]: Wf x + bf, gelu of it
+  };
+
+  gelu_mlp() = default;
+  gelu_mlp(param_layout& layout, const std::string& name, index_t dim, index_t hidden_dim,
+           ops::gelu_approx approx = ops::gelu_approx::none)
+      : fc_(layout, name + ".fc", dim, hidden_dim, true), proj_(layout, name + ".proj", hidden_dim, dim, true),
+        approx_(approx) {}
+
+  index_t hidden_dim() const noexcept { return fc_.out_features(); }
+
+  activations make_activations(index_t rows, memory_resource& mr = default_resource<host>()) const {
+    const auto n = static_cast<std::size_t>(rows * hidden_dim());
+    return {rows, buffer<T>(n, mr), buffer<T>(n, mr)};
+  }
+
+  template <class P>
+  void forward(std::span<P> params, in_view<T, 2> x, activations& a, tensor_view<T, host, 2> y, workspace<T>& ws) const {
+    const index_t n = rows(x, a), f = hidden_dim();
+    fc_.forward(params, x, a.pre.view(n, f), ws);
+    ops::gelu_forward(host{}, a.pre.view(), a.hidden.view(), approx_);
+    proj_.forward(params, a.hidden.view(n, f), y, ws);
+  }
+
+  template <class P>
+  void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
+                tensor_view<T, host, 2> dx, workspace<T>& ws) const {
+    const index_t n = rows(x, a), f = hidden_dim();
+    auto dh = ws.take_zeroed(n * f), dp = ws.take_zeroed(n * f);
+    proj_.backward(params, grads, make_view(a.hidden.data(), n, f), dy, make_view(dh.data(), n, f), ws);
+    ops::gelu_backward(host{}, make_view(dh.data(), n * f), a.pre.view(), make_view(dp.data(), n * f), approx_);
+    fc_.backward(params, grads, x, make_view(dp.data(), n, f), dx, ws);
+  }
+
+ private:
+  index_t rows(const in_view<T, 2>& x, const activations& a) const {
+    LOOM_CHECK(x.extent(0) == a.rows, "nn::gelu_mlp: input has ", x.extent(0), " rows, activations were made for ",
+               a.rows);
+    return a.rows;
+  }
+  linear<T> fc_, proj_;
+  ops::gelu_approx approx_ = ops::gelu_approx::none;
+};
+
+}  // namespace loom::nn

@@ -1,0 +1,70 @@
+#pragma once
+// RMSNorm and LayerNorm layers over the last dimension. The per-row statistics forward
+// computes are the caller's to keep (they are part of a block's saved activations, dropped
+// and recomputed under activation checkpointing).
+
+#include <loom/nn/parameters.hpp>
+#include <loom/ops/host/norm.hpp>
+
+#include <span>
+#include <string>
+
+namespace loom::nn {
+
+template <ops::compute_type T>
+class rmsnorm {
+ public:
+  rmsnorm() = default;
+  /// Declares `<name>.weight` [dim].
+  rmsnorm(param_layout& layout, const std::string& name, index_t dim, T eps)
+      : weight_(layout.add(name + ".weight", extents<1>{dim})), eps_(eps) {}
+
+  index_t dim() const noexcept { return weight_.shape[0]; }
+  const param_slot<1>& weight() const noexcept { return weight_; }
+
+  /// y [n, dim] = rmsnorm(x); rstd [n] saved for backward.
+  template <class P>
+  void forward(std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y, tensor_view<T, host, 1> rstd) const {
+    ops::rmsnorm_forward(host{}, x, weight_.in(params), y, rstd, eps_);
+  }
+  /// dx += ..., dweight += ...
+  template <class P>
+  void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> dy, in_view<T, 2> x, in_view<T, 1> rstd,
+                tensor_view<T, host, 2> dx) const {
+    ops::rmsnorm_backward(host{}, dy, x, weight_.in(params), rstd, dx, weight_.in(grads));
+  }
+
+ private:
+  param_slot<1> weight_{};
+  T eps_ = T(1e-5);
+};
+
+template <ops::compute_type T>
+class layernorm {
+ public:
+  layernorm() = default;
+  /// Declares `<name>.weight` and `<name>.bias` [dim].
+  layernorm(param_layout& layout, const std::string& name, index_t dim, T eps)
+      : weight_(layout.add(name + ".weight", extents<1>{dim})), bias_(layout.add(name + ".bias", extents<1>{dim})),
+        eps_(eps) {}
+
+  index_t dim() const noexcept { return weight_.shape[0]; }
+
+  /// y = layernorm(x); mean, rstd [n] saved for backward.
+  template <class P>
+  void forward(std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y, tensor_view<T, host, 1> mean,
+               tensor_view<T, host, 1> rstd) const {
+    ops::layernorm_forward(host{}, x, weight_.in(params), bias_.in(params), y, mean, rstd, eps_);
+  }
+  template <class P>
+  void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> dy, in_view<T, 2> x, in_view<T, 1> mean,
+                in_view<T, 1> rstd, tensor_view<T, host, 2> dx) const {
+    ops::layernorm_backward(host{}, dy, x, weight_.in(params), mean, rstd, dx, weight_.in(grads), bias_.in(grads));
+  }
+
+ private:
+  param_slot<1> weight_{}, bias_{};
+  T eps_ = T(1e-5);
+};
+
+}  // namespace loom::nn

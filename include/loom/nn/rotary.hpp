@@ -1,0 +1,31 @@
+#pragma once
+// Rotary position embedding layer: a precomputed cos/sin table and a convention
+// (ops::rope_style::interleaved for Meta/llama2.c checkpoints, half_split for Hugging Face).
+// No parameters; forward rotates q or k in place, backward un-rotates their gradients.
+
+#include <loom/ops/host/rope.hpp>
+
+namespace loom::nn {
+
+template <ops::compute_type T>
+class rotary {
+ public:
+  rotary() = default;
+  rotary(index_t max_seq, index_t head_dim, double theta, ops::rope_style style)
+      : table_(max_seq, head_dim, theta), style_(style) {}
+
+  ops::rope_style style() const noexcept { return style_; }
+  index_t max_seq() const noexcept { return table_.max_seq; }
+
+  /// x [batch, seq, heads, head_dim] rotated in place; positions start at pos0.
+  void forward(tensor_view<T, host, 4> x, index_t pos0 = 0) const { ops::rope_forward(host{}, x, table_, style_, pos0); }
+  void backward(tensor_view<T, host, 4> dx, index_t pos0 = 0) const {
+    ops::rope_backward(host{}, dx, table_, style_, pos0);
+  }
+
+ private:
+  ops::rope_table<T> table_;
+  ops::rope_style style_ = ops::rope_style::interleaved;
+};
+
+}  // namespace loom::nn

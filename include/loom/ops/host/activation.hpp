@@ -1,0 +1,92 @@
+#pragma once
+// Elementwise activations of the MLPs, forward and backward: SwiGLU (LLaMA) and GeLU (GPT).
+//
+//   swiglu(a, b) = silu(a) * b,  silu(a) = a * sigmoid(a)   (a = x W1^T gate, b = x W3^T up)
+//   gelu(x)      = x * Phi(x) (erf form, PyTorch's default) or the tanh approximation
+//
+// Inputs are 1-D contiguous views (any activation flattened); backward adds into the input
+// gradients. Loops are plain so the compiler vectorises them.
+
+#include <loom/ops/host/common.hpp>
+
+#include <cmath>
+
+namespace loom::ops {
+
+enum class gelu_approx { none, tanh };
+
+
+/// out = silu(a) * b
+template <compute_type T>
+inline void swiglu_forward(host, in_view<T, 1> a, in_view<T, 1> b,
+                           tensor_view<T, host, 1> out) {
+  const index_t n = a.numel();
+  detail::require_same_length("ops::swiglu_forward", n, a, b, out);
+  const T *ap = a.data(), *bp = b.data();
+  T* op = out.data();
+  LOOM_SIMD
+  for (index_t i = 0; i < n; ++i) op[i] = ap[i] / (T(1) + ops::exp(-ap[i])) * bp[i];
+}
+
+/// da += dout * b * silu'(a), db += dout * silu(a)
+template <compute_type T>
+inline void swiglu_backward(host, in_view<T, 1> dout, in_view<T, 1> a,
+                            in_view<T, 1> b, tensor_view<T, host, 1> da, tensor_view<T, host, 1> db) {
+  const index_t n = a.numel();
+  detail::require_same_length("ops::swiglu_backward", n, dout, a, b, da, db);
+  const T *dp = dout.data(), *ap = a.data(), *bp = b.data();
+  T *dap = da.data(), *dbp = db.data();
+  LOOM_SIMD
+  for (index_t i = 0; i < n; ++i) {
+    const T sig = T(1) / (T(1) + ops::exp(-ap[i]));
+    dap[i] += dp[i] * bp[i] * sig * (T(1) + ap[i] * (T(1) - sig));
+    dbp[i] += dp[i] * ap[i] * sig;
+  }
+}
+
+/// y = gelu(x)
+template <compute_type T>
+inline void gelu_forward(host, in_view<T, 1> x, tensor_view<T, host, 1> y,
+                         gelu_approx approx = gelu_approx::none) {
+  const index_t n = x.numel();
+  detail::require_same_length("ops::gelu_forward", n, x, y);
+  const T* xp = x.data();
+  T* yp = y.data();
+  if (approx == gelu_approx::none) {
+    const T r = T(0.70710678118654752440);
+    LOOM_SIMD
+    for (index_t i = 0; i < n; ++i) yp[i] = T(0.5) * xp[i] * (T(1) + std::erf(xp[i] * r));
+  } else {
+    const T c = T(0.79788456080286535588), k = T(0.044715);
+    LOOM_SIMD
+    for (index_t i = 0; i < n; ++i) yp[i] = T(0.5) * xp[i] * (T(1) + std::tanh(c * (xp[i] + k * xp[i] * xp[i] * xp[i])));
+  }
+}
+
+/// dx += dy * gelu'(x)
+template <compute_type T>
+inline void gelu_backward(host, in_view<T, 1> dy, in_view<T, 1> x,
+                          tensor_view<T, host, 1> dx, gelu_approx approx = gelu_approx::none) {
+  const index_t n = x.numel();
+  detail::require_same_length("ops::gelu_backward", n, dy, x, dx);
+  const T *dyp = dy.data(), *xp = x.data();
+  T* dxp = dx.data();
+  if (approx == gelu_approx::none) {
+    const T r = T(0.70710678118654752440), inv_sqrt_2pi = T(0.39894228040143267794);
+    LOOM_SIMD
+    for (index_t i = 0; i < n; ++i) {
+      const T cdf = T(0.5) * (T(1) + std::erf(xp[i] * r));
+      dxp[i] += dyp[i] * (cdf + xp[i] * inv_sqrt_2pi * ops::exp(T(-0.5) * xp[i] * xp[i]));
+    }
+  } else {
+    const T c = T(0.79788456080286535588), k = T(0.044715);
+    LOOM_SIMD
+    for (index_t i = 0; i < n; ++i) {
+      const T x2 = xp[i] * xp[i];
+      const T th = std::tanh(c * (xp[i] + k * x2 * xp[i]));
+      dxp[i] += dyp[i] * (T(0.5) * (T(1) + th) + T(0.5) * xp[i] * (T(1) - th * th) * c * (T(1) + T(3) * k * x2));
+    }
+  }
+}
+
+}  // namespace loom::ops

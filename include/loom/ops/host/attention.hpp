@@ -1,0 +1,153 @@
+#pragma once
+// Causal scaled-dot-product attention with grouped-query heads, forward and backward.
+//
+// Layout: q, out [batch, seq, heads, head_dim]; k, v [batch, seq, kv_heads, head_dim];
+// query head h reads kv head h / (heads / kv_heads) (consecutive query heads share a kv
+// head, as Meta's repeat_kv does): kv_heads == heads is multi-head, 1 is multi-query.
+// Every product is a GEMM on strided views of one (batch, head): S = scale Q K^T, P =
+// softmax(S) under the mask, O = P V; backward dP = dO V^T, dV += P^T dO, dS = P(dP -
+// rowsum(dP P)) scale, dQ += dS K, dK += dS^T Q. Query rows go in tiles of
+// `attention_tile`; a tile multiplies only the keys its last row may see (the causal
+// upper triangle is skipped tile by tile, and those probabilities are stored as 0). The probabilities P [batch, heads, seq, seq]
+// are saved by forward for backward (fine for the sequence lengths trained on the CPU).
+//
+// Mask: causal, with an optional prefix-LM part (`prefix` > 0): the first `prefix`
+// positions attend to each other in both directions, later ones causally to everything
+// before them.
+
+#include <loom/ops/host/common.hpp>
+#include <loom/ops/host/gemm.hpp>
+#include <loom/ops/host/softmax.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+namespace loom::ops {
+
+/// Query rows per GEMM tile: a tile of rows [r0, r1) multiplies only the keys it may see, so
+/// a causal mask skips about half of the seq x seq products (tuning value).
+inline constexpr index_t attention_tile = 64;
+
+struct attention_mask {
+  index_t prefix = 0;  ///< positions [0, prefix) see each other bidirectionally; 0: purely causal
+  /// How many keys (a prefix of the row) query position t of a length-`seq` sequence sees.
+  constexpr index_t visible(index_t t, index_t seq) const noexcept {
+    return t < prefix ? std::min(prefix, seq) : t + 1;
+  }
+};
+
+namespace detail {
+struct attention_dims {
+  index_t b, s, h, kvh, hd, group;
+};
+template <class Q, class K, class V, class O>
+inline attention_dims check_attention(const Q& q, const K& k, const V& v, const O& o, const char* fn) {
+  const attention_dims d{q.extent(0), q.extent(1), q.extent(2), k.extent(2), q.extent(3), 1};
+  require_contiguous(q, fn, "q"), require_contiguous(k, fn, "k"), require_contiguous(v, fn, "v");
+  require_contiguous(o, fn, "out");
+  LOOM_CHECK(d.kvh > 0 && d.h % d.kvh == 0, fn, ": heads (", d.h, ") must be a multiple of kv_heads (", d.kvh, ")");
+  require_shape(k, extents<4>{d.b, d.s, d.kvh, d.hd}, fn, "k");
+  require_shape(v, extents<4>{d.b, d.s, d.kvh, d.hd}, fn, "v");
+  require_shape(o, q.shape(), fn, "out");
+  return {d.b, d.s, d.h, d.kvh, d.hd, d.h / d.kvh};
+}
+/// [seq, head_dim] view of (batch bi, head hi) inside a [batch, seq, heads, head_dim] tensor.
+template <class E>
+inline tensor_view<E, host, 2> head_view(E* base, index_t bi, index_t hi, index_t s, index_t heads, index_t hd) {
+  return {base + (bi * s * heads + hi) * hd, extents<2>{s, hd}, extents<2>{heads * hd, 1}};
+}
+template <class Q, class K, class V, class O>
+struct head_set {
+  tensor_view<Q, host, 2> q;
+  tensor_view<K, host, 2> k;
+  tensor_view<V, host, 2> v;
+  tensor_view<O, host, 2> o;
+};
+/// The [seq, head_dim] views of query head hi, its kv head, and output head hi.
+template <class Q, class K, class V, class O>
+inline head_set<Q, K, V, O> head_views(const tensor_view<Q, host, 4>& q, const tensor_view<K, host, 4>& k,
+                                       const tensor_view<V, host, 4>& v, const tensor_view<O, host, 4>& o, index_t bi,
+                                       index_t hi, const attention_dims& d) {
+  const index_t g = hi / d.group;
+  return {head_view(q.data(), bi, hi, d.s, d.h, d.hd), head_view(k.data(), bi, g, d.s, d.kvh, d.hd),
+          head_view(v.data(), bi, g, d.s, d.kvh, d.hd), head_view(o.data(), bi, hi, d.s, d.h, d.hd)};
+}
+}  // namespace detail
+
+/// out = attention(q, k, v); probs [batch, heads, seq, seq] receives the softmax (saved for backward).
+template <compute_type T>
+inline void attention_forward(host, in_view<T, 4> q, in_view<T, 4> k,
+                              in_view<T, 4> v, tensor_view<T, host, 4> out,
+                              tensor_view<T, host, 4> probs, attention_mask mask = {}) {
+  const char* fn = "ops::attention_forward";
+  const auto d = detail::check_attention(q, k, v, out, fn);
+  detail::require_shape(probs, extents<4>{d.b, d.h, d.s, d.s}, fn, "probs");
+  detail::require_contiguous(probs, fn, "probs");
+  LOOM_CHECK(mask.prefix >= 0, fn, ": mask prefix must be >= 0, got prefix=", mask.prefix);
+  const T scale = T(1) / std::sqrt(T(d.hd));
+  for (index_t bi = 0; bi < d.b; ++bi)
+    for (index_t hi = 0; hi < d.h; ++hi) {
+      const auto hv = detail::head_views(q, k, v, out, bi, hi, d);
+      T* pp = probs.data() + (bi * d.h + hi) * d.s * d.s;
+      for (index_t r0 = 0; r0 < d.s; r0 += attention_tile) {  // query rows [r0, r1) see keys [0, vis)
+        const index_t r1 = std::min(d.s, r0 + attention_tile), vis = mask.visible(r1 - 1, d.s);
+        tensor_view<T, host, 2> p(pp + r0 * d.s, extents<2>{r1 - r0, vis}, extents<2>{d.s, 1});
+        gemm(host{}, hv.q.slice(0, r0, r1), hv.k.slice(0, 0, vis).transpose(0, 1), p, scale, T(0));
+        for (index_t t = r0; t < r1; ++t) {
+          const index_t n = mask.visible(t, d.s);
+          T* row = pp + t * d.s;
+          detail::softmax_row(row, row, n);
+          std::fill(row + n, row + d.s, T(0));
+        }
+        gemm(host{}, tensor_view<const T, host, 2>(p), hv.v.slice(0, 0, vis), hv.o.slice(0, r0, r1));
+      }
+    }
+}
+
+/// dq, dk, dv += gradients of attention given dout; scratch: [seq, seq] workspace; mask as in forward.
+template <compute_type T>
+inline void attention_backward(host, in_view<T, 4> dout, in_view<T, 4> q,
+                               in_view<T, 4> k, in_view<T, 4> v,
+                               in_view<T, 4> probs, tensor_view<T, host, 4> dq,
+                               tensor_view<T, host, 4> dk, tensor_view<T, host, 4> dv,
+                               tensor_view<T, host, 2> scratch, attention_mask mask = {}) {
+  const char* fn = "ops::attention_backward";
+  const auto d = detail::check_attention(q, k, v, dout, fn);
+  detail::require_shape(probs, extents<4>{d.b, d.h, d.s, d.s}, fn, "probs");
+  detail::require_contiguous(probs, fn, "probs");
+  detail::require_shape(dq, q.shape(), fn, "dq");
+  detail::require_shape(dk, k.shape(), fn, "dk");
+  detail::require_shape(dv, v.shape(), fn, "dv");
+  for (auto* g : {&dq, &dk, &dv}) detail::require_contiguous(*g, fn, "dq/dk/dv");
+  detail::require_shape(scratch, extents<2>{d.s, d.s}, fn, "scratch");
+  detail::require_contiguous(scratch, fn, "scratch");
+  const T scale = T(1) / std::sqrt(T(d.hd));
+  for (index_t bi = 0; bi < d.b; ++bi)
+    for (index_t hi = 0; hi < d.h; ++hi) {
+      const auto hv = detail::head_views(q, k, v, dout, bi, hi, d);
+      const auto gv = detail::head_views(dq, dk, dv, dout, bi, hi, d);
+      const T* pp = probs.data() + (bi * d.h + hi) * d.s * d.s;
+      for (index_t r0 = 0; r0 < d.s; r0 += attention_tile) {
+        const index_t r1 = std::min(d.s, r0 + attention_tile), vis = mask.visible(r1 - 1, d.s);
+        tensor_view<const T, host, 2> p(pp + r0 * d.s, extents<2>{r1 - r0, vis}, extents<2>{d.s, 1});
+        tensor_view<T, host, 2> ds(scratch.data(), extents<2>{r1 - r0, vis}, extents<2>{d.s, 1});
+        const auto dor = hv.o.slice(0, r0, r1);
+        gemm(host{}, dor, hv.v.slice(0, 0, vis).transpose(0, 1), ds);                  // dP
+        gemm(host{}, p.transpose(0, 1), dor, gv.v.slice(0, 0, vis), T(1), T(1));       // dV += P^T dO
+        for (index_t t = 0; t < r1 - r0; ++t) {                                         // dS = P (dP - <dP, P>) scale
+          const T* pr = &p(t, 0);
+          T* dr = &ds(t, 0);
+          T dot = 0;
+          LOOM_SIMD_SUM(dot)
+          for (index_t j = 0; j < vis; ++j) dot += pr[j] * dr[j];
+          LOOM_SIMD
+          for (index_t j = 0; j < vis; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+        }
+        const tensor_view<const T, host, 2> dsc = ds;
+        gemm(host{}, dsc, hv.k.slice(0, 0, vis), gv.q.slice(0, r0, r1), T(1), T(1));             // dQ += dS K
+        gemm(host{}, dsc.transpose(0, 1), hv.q.slice(0, r0, r1), gv.k.slice(0, 0, vis), T(1), T(1));  // dK += dS^T Q
+      }
+    }
+}
+
+}  // namespace loom::ops

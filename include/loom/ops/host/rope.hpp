@@ -1,0 +1,97 @@
+#pragma once
+// Rotary position embeddings (RoPE), in place on [batch, seq, heads, head_dim] activations.
+//
+// Two conventions rotate different pairs of a head's channels by the angle pos * f_i,
+// f_i = theta^(-2i / head_dim), i < head_dim / 2:
+//   interleaved  (Meta's llama, llama2.c):   pairs (2i, 2i+1)
+//   half_split   (Hugging Face transformers): pairs (i, i + head_dim/2)
+// A checkpoint's q/k weights are laid out for one of them; using the other is a silent bug,
+// so the convention is an explicit argument. The cos/sin table is computed once (in double,
+// rounded to T) for all positions; backward is the rotation by the negative angle.
+
+#include <loom/ops/host/common.hpp>
+#include <loom/core/buffer.hpp>
+
+#include <cmath>
+
+namespace loom::ops {
+
+enum class rope_style { interleaved, half_split };
+
+/// cos and sin of pos * f_i for pos < max_seq, i < head_dim/2: [max_seq, head_dim/2] each.
+template <compute_type T>
+struct rope_table {
+  index_t max_seq = 0, head_dim = 0;
+  buffer<T> cos, sin;
+
+  rope_table() = default;
+  rope_table(index_t max_seq_, index_t head_dim_, double theta)
+      : max_seq(max_seq_), head_dim(head_dim_), cos(check(max_seq_, head_dim_, theta)), sin(cos.size()) {
+    const index_t half = head_dim / 2;
+    for (index_t p = 0; p < max_seq; ++p)
+      for (index_t i = 0; i < half; ++i) {
+        const double angle = double(p) * std::pow(theta, -2.0 * double(i) / double(head_dim));
+        cos[p * half + i] = T(std::cos(angle));
+        sin[p * half + i] = T(std::sin(angle));
+      }
+  }
+
+ private:
+  static std::size_t check(index_t max_seq, index_t head_dim, double theta) {
+    LOOM_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_table: head_dim must be even and > 0, got head_dim=", head_dim);
+    LOOM_CHECK(max_seq > 0, "rope_table: max_seq must be > 0, got max_seq=", max_seq);
+    LOOM_CHECK(theta > 0, "rope_table: theta must be > 0, got theta=", theta);
+    return static_cast<std::size_t>(max_seq * (head_dim / 2));
+  }
+};
+
+namespace detail {
+template <compute_type T>
+inline void rope_rotate(tensor_view<T, host, 4> x, const rope_table<T>& table, rope_style style, index_t pos0,
+                        T sign, const char* fn) {
+  const index_t b = x.extent(0), s = x.extent(1), h = x.extent(2), hd = x.extent(3), half = hd / 2;
+  require_contiguous(x, fn, "x");
+  LOOM_CHECK(hd == table.head_dim, fn, ": head_dim of x (", hd, ") differs from the table's (", table.head_dim, ")");
+  LOOM_CHECK(pos0 >= 0 && pos0 + s <= table.max_seq, fn, ": positions [", pos0, ", ", pos0 + s,
+             ") exceed the table's max_seq=", table.max_seq);
+  for (index_t bi = 0; bi < b; ++bi)
+    for (index_t t = 0; t < s; ++t) {
+      const T* c = table.cos.data() + (pos0 + t) * half;
+      const T* sn = table.sin.data() + (pos0 + t) * half;
+      for (index_t hi = 0; hi < h; ++hi) {
+        T* v = x.data() + ((bi * s + t) * h + hi) * hd;
+        if (style == rope_style::interleaved) {
+          LOOM_SIMD
+          for (index_t i = 0; i < half; ++i) {
+            const T a = v[2 * i], bb = v[2 * i + 1], si = sign * sn[i];
+            v[2 * i] = a * c[i] - bb * si;
+            v[2 * i + 1] = a * si + bb * c[i];
+          }
+        } else {
+          LOOM_SIMD
+          for (index_t i = 0; i < half; ++i) {
+            const T a = v[i], bb = v[i + half], si = sign * sn[i];
+            v[i] = a * c[i] - bb * si;
+            v[i + half] = a * si + bb * c[i];
+          }
+        }
+      }
+    }
+}
+}  // namespace detail
+
+/// Rotates x [batch, seq, heads, head_dim] in place; token t has position pos0 + t.
+template <compute_type T>
+inline void rope_forward(host, tensor_view<T, host, 4> x, const rope_table<T>& table, rope_style style,
+                         index_t pos0 = 0) {
+  detail::rope_rotate(x, table, style, pos0, T(1), "ops::rope_forward");
+}
+
+/// Turns dL/d(rotated x) into dL/dx in place (the inverse rotation).
+template <compute_type T>
+inline void rope_backward(host, tensor_view<T, host, 4> dx, const rope_table<T>& table, rope_style style,
+                          index_t pos0 = 0) {
+  detail::rope_rotate(dx, table, style, pos0, T(-1), "ops::rope_backward");
+}
+
+}  // namespace loom::ops

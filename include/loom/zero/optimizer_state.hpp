@@ -1,0 +1,108 @@
+#pragma once
+// optimizer_state: where a rank's fp32 master weights and Adam moments live.
+//
+// ZeRO-Offload and ZeRO-Infinity move the largest model state -- 12 bytes per parameter of
+// fp32 optimizer state -- off the accelerator. Three places, chosen by ds_config.json's
+// offload_optimizer.device:
+//   none  the rank's own (device) memory resource
+//   cpu   a host memory resource (pinned when CUDA is in use); the step runs on the host
+//   nvme  a file under offload_optimizer.nvme_path, memory-mapped: the OS pages it in and
+//         out, so optimizer state larger than RAM still trains. The file is created on
+//         construction and removed on destruction (also after an exception).
+// Whatever the place, the optimizer sees three float spans [n]: master, exp_avg, exp_avg_sq.
+
+#include <loom/core/buffer.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/memory.hpp>
+
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace loom::zero {
+
+enum class offload_device { none, cpu, nvme };
+
+inline offload_device parse_offload_device(std::string_view s) {
+  if (s == "none") return offload_device::none;
+  if (s == "cpu") return offload_device::cpu;
+  if (s == "nvme") return offload_device::nvme;
+  LOOM_THROW("offload_optimizer.device='", s, "' is not supported (expected none, cpu or nvme)");
+}
+
+class optimizer_state {
+ public:
+  /// n elements per tensor. `device` is charged for `none`, `host` for `cpu`; `nvme_path`
+  /// is a directory for `nvme` (tag makes the file name unique, e.g. the rank).
+  optimizer_state(std::size_t n, offload_device where, memory_resource& device, memory_resource& host,
+                  const std::string& nvme_path = {}, int tag = 0)
+      : n_(n), where_(where) {
+    if (where == offload_device::nvme) {
+      LOOM_CHECK(!nvme_path.empty(), "offload_optimizer.nvme_path must name a directory when device=nvme");
+      static std::atomic<unsigned> counter{0};
+      path_ = nvme_path + "/loom-zero-optimizer-" + std::to_string(::getpid()) + "-" + std::to_string(tag) + "-" +
+              std::to_string(counter.fetch_add(1)) + ".bin";
+      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+      LOOM_CHECK(fd_ >= 0, "offload_optimizer.nvme_path='", nvme_path, "': cannot create ", path_, ": ",
+                 std::strerror(errno));
+      const std::size_t bytes = 3 * n * sizeof(float);
+      if (bytes > 0) {
+        if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) {
+          const int e = errno;
+          cleanup();
+          LOOM_THROW("offload_optimizer.nvme_path: cannot size ", path_, " to ", bytes, " bytes: ", std::strerror(e));
+        }
+        void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+        if (p == MAP_FAILED) {
+          const int e = errno;
+          cleanup();
+          LOOM_THROW("offload_optimizer.nvme_path: cannot map ", path_, ": ", std::strerror(e));
+        }
+        map_ = static_cast<float*>(p);
+      }
+      base_ = map_;
+    } else {
+      mem_ = buffer<float>(3 * n, where == offload_device::cpu ? host : device);
+      base_ = mem_.data();
+    }
+  }
+  optimizer_state(const optimizer_state&) = delete;
+  optimizer_state& operator=(const optimizer_state&) = delete;
+  ~optimizer_state() { cleanup(); }
+
+  std::size_t size() const noexcept { return n_; }
+  offload_device where() const noexcept { return where_; }
+  /// The backing file (nvme only).
+  const std::string& path() const noexcept { return path_; }
+  std::span<float> master() noexcept { return {base_, n_}; }
+  std::span<float> exp_avg() noexcept { return {base_ + n_, n_}; }
+  std::span<float> exp_avg_sq() noexcept { return {base_ + 2 * n_, n_}; }
+
+ private:
+  void cleanup() noexcept {
+    if (map_) ::munmap(map_, 3 * n_ * sizeof(float));
+    map_ = nullptr;
+    if (fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(path_.c_str());
+    }
+    fd_ = -1;
+  }
+  std::size_t n_;
+  offload_device where_;
+  buffer<float> mem_;
+  float* map_ = nullptr;
+  float* base_ = nullptr;
+  int fd_ = -1;
+  std::string path_;
+};
+
+}  // namespace loom::zero

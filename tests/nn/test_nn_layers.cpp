@@ -1,0 +1,224 @@
+// nn layers: for each layer, the objective L = sum(r * layer(x)) in double; the analytic
+// gradients from backward (with respect to every parameter and the input) are compared with
+// central finite differences. Plus the flat parameter layout, the workspace and the
+// checkpointing bookkeeping.
+#include "grad_check.hpp"
+
+#include <loom/nn/attention.hpp>
+#include <loom/nn/checkpoint.hpp>
+#include <loom/nn/cross_entropy.hpp>
+#include <loom/nn/embedding.hpp>
+#include <loom/nn/linear.hpp>
+#include <loom/nn/mlp.hpp>
+#include <loom/nn/norm.hpp>
+#include <loom/nn/parameters.hpp>
+#include <loom/nn/workspace.hpp>
+
+#include <cstdint>
+#include <vector>
+
+using namespace loom;
+using loom::test::check_gradient;
+using loom::test::dot;
+using loom::test::random_vector;
+using vec = std::vector<double>;
+
+namespace {
+/// Runs forward (returns L) and backward (fills grads and dx) of one layer, then checks both.
+template <class Fwd, class Bwd>
+void check_layer(vec& params, vec& x, Fwd fwd, Bwd bwd, const char* name) {
+  fwd();
+  vec grads(params.size(), 0.0), dx(x.size(), 0.0);
+  bwd(grads, dx);
+  INFO(name);
+  check_gradient(params, grads, fwd, "parameters");
+  check_gradient(x, dx, fwd, "input");
+}
+}  // namespace
+
+TEST_CASE("param_layout: aligned offsets, names, errors") {
+  nn::param_layout L(16);
+  auto a = L.add("a.weight", extents<2>{3, 5});
+  auto b = L.add("b.weight", extents<1>{7});
+  CHECK(a.offset == 0);
+  CHECK(b.offset == 16);
+  CHECK(L.size() == 32);
+  CHECK(L.parameter_count() == 22);
+  CHECK(L.find("b.weight").offset == 16);
+  CHECK(L.entries()[0].shape == std::vector<index_t>{3, 5});
+  CHECK_THROWS_AS(L.add("a.weight", extents<1>{2}), loom::error);
+  CHECK_THROWS_AS(L.find("c"), loom::error);
+  CHECK_THROWS_AS(L.add("z", extents<1>{0}), loom::error);
+  nn::param_store<float> store(L);
+  CHECK(store.params().size() == 32);
+  store.param("b.weight")[6] = 2.f;
+  CHECK(b.in(store.params())(6) == 2.f);
+}
+
+TEST_CASE("workspace: spans stay valid when the arena grows; reset merges") {
+  nn::workspace<float> ws(32);
+  auto s1 = ws.take(20);
+  std::fill(s1.begin(), s1.end(), 1.f);
+  auto s2 = ws.take(100000);  // forces a new chunk
+  std::fill(s2.begin(), s2.end(), 2.f);
+  CHECK(s1[19] == 1.f);
+  CHECK(ws.take_zeroed(5)[4] == 0.f);
+  ws.reset();
+  CHECK(ws.capacity() >= 100032);
+  const auto cap = ws.capacity();
+  ws.take(20), ws.take(100000);
+  CHECK(ws.capacity() == cap);  // no allocation the second time
+}
+
+TEST_CASE("block_activations: n sets, or one recomputed set with checkpointing") {
+  int made = 0, recomputed = 0;
+  nn::block_activations<int> keep(3, false, [&] { return ++made; });
+  CHECK(keep.sets() == 3);
+  CHECK(keep.for_backward(2, [&](int&) { ++recomputed; }) == 3);
+  nn::block_activations<int> ckpt(3, true, [&] { return ++made; });
+  CHECK(ckpt.sets() == 1);
+  ckpt.for_backward(1, [&](int&) { ++recomputed; });
+  CHECK(recomputed == 1);
+  CHECK_THROWS_AS(ckpt.for_forward(3), loom::error);
+}
+
+TEST_CASE("linear with bias: finite differences") {
+  const index_t n = 3, in = 4, out = 5;
+  nn::param_layout L(1);
+  nn::linear<double> lin(L, "fc", in, out, true);
+  vec p = random_vector(L.size(), 1), x = random_vector(n * in, 2), r = random_vector(n * out, 3), y(n * out);
+  nn::workspace<double> ws;
+  check_layer(
+      p, x,
+      [&] {
+        lin.forward(std::span(p), make_view(x.data(), n, in), make_view(y.data(), n, out), ws);
+        return dot(r, y);
+      },
+      [&](vec& g, vec& dx) {
+        lin.backward(std::span(p), std::span(g), make_view(x.data(), n, in), make_view(r.data(), n, out),
+                     make_view(dx.data(), n, in), ws);
+      },
+      "linear");
+}
+
+TEST_CASE("rmsnorm and layernorm layers: finite differences") {
+  const index_t n = 3, d = 6;
+  {
+    nn::param_layout L(1);
+    nn::rmsnorm<double> norm(L, "n", d, 1e-5);
+    vec p = random_vector(L.size(), 4), x = random_vector(n * d, 5), r = random_vector(n * d, 6), y(n * d), rs(n);
+    check_layer(
+        p, x,
+        [&] {
+          norm.forward(std::span(p), make_view(x.data(), n, d), make_view(y.data(), n, d), make_view(rs.data(), n));
+          return dot(r, y);
+        },
+        [&](vec& g, vec& dx) {
+          norm.backward(std::span(p), std::span(g), make_view(r.data(), n, d), make_view(x.data(), n, d),
+                        make_view(rs.data(), n), make_view(dx.data(), n, d));
+        },
+        "rmsnorm");
+  }
+  {
+    nn::param_layout L(1);
+    nn::layernorm<double> norm(L, "n", d, 1e-5);
+    vec p = random_vector(L.size(), 7), x = random_vector(n * d, 8), r = random_vector(n * d, 9), y(n * d), mu(n), rs(n);
+    check_layer(
+        p, x,
+        [&] {
+          norm.forward(std::span(p), make_view(x.data(), n, d), make_view(y.data(), n, d), make_view(mu.data(), n),
+                       make_view(rs.data(), n));
+          return dot(r, y);
+        },
+        [&](vec& g, vec& dx) {
+          norm.backward(std::span(p), std::span(g), make_view(r.data(), n, d), make_view(x.data(), n, d),
+                        make_view(mu.data(), n), make_view(rs.data(), n), make_view(dx.data(), n, d));
+        },
+        "layernorm");
+  }
+}
+
+TEST_CASE("attention layer (GQA, MQA, prefix-LM, both rotary conventions): finite differences") {
+  const index_t b = 2, s = 4, dim = 8;
+  struct cfg { index_t h, kvh, prefix; ops::rope_style rope; bool bias; };
+  for (cfg c : {cfg{2, 1, 0, ops::rope_style::interleaved, false}, cfg{4, 2, 2, ops::rope_style::half_split, true},
+                cfg{2, 2, 0, ops::rope_style::half_split, false}}) {
+    CAPTURE(c.h);
+    CAPTURE(c.kvh);
+    CAPTURE(c.prefix);
+    nn::param_layout L(1);
+    nn::attention<double> att(L, "attn", {dim, c.h, c.kvh, 8, 10000.0, c.rope, {c.prefix}, c.bias});
+    auto acts = att.make_activations(b, s);
+    nn::workspace<double> ws;
+    vec p = random_vector(L.size(), 10, 0.5), x = random_vector(b * s * dim, 11), r = random_vector(b * s * dim, 12),
+        y(b * s * dim);
+    check_layer(
+        p, x,
+        [&] {
+          att.forward(std::span(p), make_view(x.data(), b, s, dim), acts, make_view(y.data(), b, s, dim), ws);
+          ws.reset();
+          return dot(r, y);
+        },
+        [&](vec& g, vec& dx) {
+          att.backward(std::span(p), std::span(g), make_view(x.data(), b, s, dim), acts, make_view(r.data(), b, s, dim),
+                       make_view(dx.data(), b, s, dim), ws);
+          ws.reset();
+        },
+        "attention");
+  }
+  nn::param_layout L(1);
+  CHECK_THROWS_AS(nn::attention<double>(L, "bad", {12, 4, 3, 8}), loom::error);
+}
+
+namespace {
+/// Finite-difference check of an MLP layer (swiglu_mlp or gelu_mlp) declared in L.
+template <class Mlp>
+void check_mlp(const nn::param_layout& L, const Mlp& mlp, index_t n, index_t dim, std::uint64_t seed, const char* name) {
+  nn::workspace<double> ws;
+  auto acts = mlp.make_activations(n);
+  vec p = random_vector(L.size(), seed), x = random_vector(n * dim, seed + 1), r = random_vector(n * dim, seed + 2),
+      y(n * dim);
+  check_layer(
+      p, x,
+      [&] {
+        mlp.forward(std::span(p), make_view(x.data(), n, dim), acts, make_view(y.data(), n, dim), ws);
+        ws.reset();
+        return dot(r, y);
+      },
+      [&](vec& g, vec& dx) {
+        mlp.backward(std::span(p), std::span(g), make_view(x.data(), n, dim), acts, make_view(r.data(), n, dim),
+                     make_view(dx.data(), n, dim), ws);
+        ws.reset();
+      },
+      name);
+}
+}  // namespace
+
+TEST_CASE("SwiGLU and GeLU MLPs: finite differences") {
+  const index_t n = 3, dim = 5, hidden = 7;
+  nn::param_layout ls(1), lg(1);
+  const nn::swiglu_mlp<double> swiglu(ls, "ff", dim, hidden);
+  const nn::gelu_mlp<double> gelu(lg, "mlp", dim, hidden, ops::gelu_approx::tanh);
+  check_mlp(ls, swiglu, n, dim, 13, "swiglu_mlp");
+  check_mlp(lg, gelu, n, dim, 16, "gelu_mlp");
+}
+
+TEST_CASE("embedding + cross-entropy layers: finite differences through a tiny classifier") {
+  // logits = embedding(tokens): the loss gradient reaches the table through both layers.
+  const index_t n = 4, v = 6;
+  nn::param_layout L(1);
+  nn::embedding<double> emb(L, "emb", v, v);
+  nn::cross_entropy<double> ce;
+  vec p = random_vector(L.size(), 19);
+  std::vector<std::int32_t> tok{1, 5, 1, 0}, tgt{2, -100, 3, 5};
+  vec logits(n * v);
+  auto fwd = [&] {
+    emb.forward(std::span(p), make_view(tok.data(), n), make_view(logits.data(), n, v));
+    return ce.forward(make_view(logits.data(), n, v), make_view(tgt.data(), n));
+  };
+  fwd();
+  vec dlogits(n * v, 0.0), g(p.size(), 0.0);
+  ce.backward(make_view(logits.data(), n, v), make_view(tgt.data(), n), make_view(dlogits.data(), n, v));
+  emb.backward(std::span(g), make_view(tok.data(), n), make_view(dlogits.data(), n, v));
+  check_gradient(p, g, fwd, "embedding table");
+}

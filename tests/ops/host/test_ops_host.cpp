@@ -1,0 +1,372 @@
+// ops/host kernels: forward against naive loops written here, backward against central
+// finite differences in double, 16-bit parameter storage against rounded fp32 weights, and
+// bad input against loom::error.
+#include "grad_check.hpp"
+
+#include <loom/core/buffer.hpp>
+#include <loom/ops/host/activation.hpp>
+#include <loom/ops/host/adamw.hpp>
+#include <loom/ops/host/attention.hpp>
+#include <loom/ops/host/cross_entropy.hpp>
+#include <loom/ops/host/embedding.hpp>
+#include <loom/ops/host/gemm.hpp>
+#include <loom/ops/host/norm.hpp>
+#include <loom/ops/host/rope.hpp>
+#include <loom/ops/host/softmax.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+using namespace loom;
+using loom::test::check_gradient;
+using loom::test::dot;
+using loom::test::random_vector;
+using vec = std::vector<double>;
+
+namespace {
+std::vector<float> to_float(const vec& v) { return {v.begin(), v.end()}; }
+}  // namespace
+
+TEST_CASE("ops::exp for float: within 3 ulp of std::exp on the range softmax uses") {
+  for (int i = -8600; i <= 8800; ++i) {
+    const float x = float(i) * 0.01f + 0.003f;
+    const double ref = std::exp(double(x));
+    CHECK(std::abs(double(ops::exp(x)) - ref) <= 3 * 1.2e-7 * ref);
+  }
+  CHECK(ops::exp(-1e30f) >= 0.f);
+  CHECK(ops::exp(-1e30f) < 1e-37f);
+}
+
+TEST_CASE("gemm: plain, transposed and strided operands against a naive product") {
+  const index_t m = 5, k = 7, n = 3;
+  auto a = to_float(random_vector(m * k * 2, 1)), b = to_float(random_vector(k * n * 2, 2));
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      // A stored as [m, 2k] (take the first k columns) or as [k, m] transposed
+      tensor_view<const float, host, 2> av = ta ? make_view(a.data(), k, m).transpose(0, 1)
+                                               : make_view(a.data(), m, 2 * k).slice(1, 0, k);
+      tensor_view<const float, host, 2> bv = tb ? make_view(b.data(), n, k).transpose(0, 1) : make_view(b.data(), k, n);
+      std::vector<float> c(m * n, 1.f);
+      ops::gemm(host{}, av, bv, make_view(c.data(), m, n), 2.f, 0.5f);
+      for (index_t i = 0; i < m; ++i)
+        for (index_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (index_t p = 0; p < k; ++p) s += double(av(i, p)) * double(bv(p, j));
+          CHECK(c[i * n + j] == doctest::Approx(2 * s + 0.5).epsilon(1e-5));
+        }
+    }
+  std::vector<float> c(m * m);
+  CHECK_THROWS_AS(ops::gemm(host{}, make_view(a.data(), m, k), make_view(b.data(), m, k), make_view(c.data(), m, m)),
+                  loom::error);
+}
+
+TEST_CASE("rmsnorm: forward against the formula, backward against finite differences") {
+  const index_t n = 3, d = 8;
+  vec x = random_vector(n * d, 3), w = random_vector(d, 4), r = random_vector(n * d, 5);
+  vec y(n * d), rstd(n);
+  auto fwd = [&] {
+    ops::rmsnorm_forward(host{}, make_view(x.data(), n, d), make_view(w.data(), d), make_view(y.data(), n, d),
+                         make_view(rstd.data(), n), 1e-5);
+    return dot(r, y);
+  };
+  fwd();
+  for (index_t i = 0; i < n; ++i) {
+    double ss = 0;
+    for (index_t j = 0; j < d; ++j) ss += x[i * d + j] * x[i * d + j];
+    for (index_t j = 0; j < d; ++j)
+      CHECK(y[i * d + j] == doctest::Approx(x[i * d + j] / std::sqrt(ss / d + 1e-5) * w[j]).epsilon(1e-12));
+  }
+  vec dx(n * d, 0.0), dw(d, 0.0);
+  ops::rmsnorm_backward(host{}, make_view(r.data(), n, d), make_view(x.data(), n, d), make_view(w.data(), d),
+                        make_view(rstd.data(), n), make_view(dx.data(), n, d), make_view(dw.data(), d));
+  check_gradient(x, dx, fwd, "dx");
+  check_gradient(w, dw, fwd, "dw");
+
+  // bfloat16 weights compute like float weights rounded to bfloat16
+  std::vector<float> xf = to_float(x), yf(n * d), yb(n * d), rs(n);
+  std::vector<loom::bfloat16> wb(w.begin(), w.end());
+  std::vector<float> wr(wb.begin(), wb.end());
+  ops::rmsnorm_forward(host{}, make_view(xf.data(), n, d), make_view(wb.data(), d), make_view(yb.data(), n, d),
+                       make_view(rs.data(), n), 1e-5f);
+  ops::rmsnorm_forward(host{}, make_view(xf.data(), n, d), make_view(wr.data(), d), make_view(yf.data(), n, d),
+                       make_view(rs.data(), n), 1e-5f);
+  CHECK(yb == yf);
+  CHECK_THROWS_AS(ops::rmsnorm_forward(host{}, make_view(x.data(), n, d), make_view(w.data(), d - 1),
+                                       make_view(y.data(), n, d), make_view(rstd.data(), n), 1e-5),
+                  loom::error);
+}
+
+TEST_CASE("layernorm: forward against the formula, backward against finite differences") {
+  const index_t n = 3, d = 6;
+  vec x = random_vector(n * d, 6), w = random_vector(d, 7), b = random_vector(d, 8), r = random_vector(n * d, 9);
+  vec y(n * d), mean(n), rstd(n);
+  auto fwd = [&] {
+    ops::layernorm_forward(host{}, make_view(x.data(), n, d), make_view(w.data(), d), make_view(b.data(), d),
+                           make_view(y.data(), n, d), make_view(mean.data(), n), make_view(rstd.data(), n), 1e-5);
+    return dot(r, y);
+  };
+  fwd();
+  for (index_t i = 0; i < n; ++i) {
+    double mu = 0, var = 0;
+    for (index_t j = 0; j < d; ++j) mu += x[i * d + j] / d;
+    for (index_t j = 0; j < d; ++j) var += (x[i * d + j] - mu) * (x[i * d + j] - mu) / d;
+    for (index_t j = 0; j < d; ++j)
+      CHECK(y[i * d + j] == doctest::Approx((x[i * d + j] - mu) / std::sqrt(var + 1e-5) * w[j] + b[j]).epsilon(1e-12));
+  }
+  vec dx(n * d, 0.0), dw(d, 0.0), db(d, 0.0);
+  ops::layernorm_backward(host{}, make_view(r.data(), n, d), make_view(x.data(), n, d), make_view(w.data(), d),
+                          make_view(mean.data(), n), make_view(rstd.data(), n), make_view(dx.data(), n, d),
+                          make_view(dw.data(), d), make_view(db.data(), d));
+  check_gradient(x, dx, fwd, "dx");
+  check_gradient(w, dw, fwd, "dw");
+  check_gradient(b, db, fwd, "db");
+}
+
+TEST_CASE("rope: both conventions against complex rotation, backward inverts forward") {
+  const index_t b = 2, s = 5, h = 3, hd = 8;
+  const double theta = 10000.0;
+  ops::rope_table<double> table(16, hd, theta);
+  vec x0 = random_vector(b * s * h * hd, 10);
+  for (auto style : {ops::rope_style::interleaved, ops::rope_style::half_split}) {
+    vec x = x0;
+    const index_t pos0 = 3;
+    ops::rope_forward(host{}, make_view(x.data(), b, s, h, hd), table, style, pos0);
+    for (index_t bi = 0; bi < b; ++bi)
+      for (index_t t = 0; t < s; ++t)
+        for (index_t hi = 0; hi < h; ++hi)
+          for (index_t i = 0; i < hd / 2; ++i) {
+            const index_t base = ((bi * s + t) * h + hi) * hd;
+            const index_t i0 = style == ops::rope_style::interleaved ? base + 2 * i : base + i;
+            const index_t i1 = style == ops::rope_style::interleaved ? base + 2 * i + 1 : base + i + hd / 2;
+            const double ang = double(pos0 + t) / std::pow(theta, double(2 * i) / double(hd));
+            // (x0 + i x1) * e^{i ang}
+            CHECK(x[i0] == doctest::Approx(x0[i0] * std::cos(ang) - x0[i1] * std::sin(ang)).epsilon(1e-12));
+            CHECK(x[i1] == doctest::Approx(x0[i0] * std::sin(ang) + x0[i1] * std::cos(ang)).epsilon(1e-12));
+          }
+    // backward of a rotation is the inverse rotation: it maps the rotated x back to x
+    ops::rope_backward(host{}, make_view(x.data(), b, s, h, hd), table, style, pos0);
+    for (std::size_t i = 0; i < x.size(); ++i) CHECK(x[i] == doctest::Approx(x0[i]).epsilon(1e-12));
+  }
+  vec x = x0;
+  CHECK_THROWS_AS(ops::rope_forward(host{}, make_view(x.data(), b, s, h, hd), table, ops::rope_style::interleaved, 12),
+                  loom::error);
+  CHECK_THROWS_AS(ops::rope_table<float>(8, 7, 1e4), loom::error);
+}
+
+TEST_CASE("softmax: forward against exp/sum, backward against finite differences") {
+  const index_t n = 4, d = 7;
+  vec x = random_vector(n * d, 11, 3.0), r = random_vector(n * d, 12), y(n * d);
+  auto fwd = [&] {
+    ops::softmax_forward(host{}, make_view(x.data(), n, d), make_view(y.data(), n, d));
+    return dot(r, y);
+  };
+  fwd();
+  for (index_t i = 0; i < n; ++i) {
+    double z = 0;
+    for (index_t j = 0; j < d; ++j) z += std::exp(x[i * d + j]);
+    for (index_t j = 0; j < d; ++j) CHECK(y[i * d + j] == doctest::Approx(std::exp(x[i * d + j]) / z).epsilon(1e-12));
+  }
+  vec dx(n * d, 0.0);
+  ops::softmax_backward(host{}, make_view(y.data(), n, d), make_view(r.data(), n, d), make_view(dx.data(), n, d));
+  check_gradient(x, dx, fwd, "dx");
+}
+
+namespace {
+// Naive attention: per query position, scores over allowed keys, softmax, weighted sum.
+vec naive_attention(const vec& q, const vec& k, const vec& v, index_t b, index_t s, index_t h, index_t kvh, index_t hd,
+                    index_t prefix) {
+  vec out(b * s * h * hd, 0.0);
+  for (index_t bi = 0; bi < b; ++bi)
+    for (index_t hi = 0; hi < h; ++hi) {
+      const index_t g = hi / (h / kvh);
+      for (index_t t = 0; t < s; ++t) {
+        std::vector<double> sc;
+        for (index_t j = 0; j < s; ++j) {
+          const bool allowed = j <= t || (t < prefix && j < prefix);
+          if (!allowed) { sc.push_back(-INFINITY); continue; }
+          double dotp = 0;
+          for (index_t c = 0; c < hd; ++c)
+            dotp += q[((bi * s + t) * h + hi) * hd + c] * k[((bi * s + j) * kvh + g) * hd + c];
+          sc.push_back(dotp / std::sqrt(double(hd)));
+        }
+        const double mx = *std::max_element(sc.begin(), sc.end());
+        double z = 0;
+        for (auto& e : sc) z += (e = std::exp(e - mx));
+        for (index_t j = 0; j < s; ++j)
+          for (index_t c = 0; c < hd; ++c)
+            out[((bi * s + t) * h + hi) * hd + c] += sc[j] / z * v[((bi * s + j) * kvh + g) * hd + c];
+      }
+    }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("attention: GQA/MQA, causal and prefix-LM, forward against a naive loop, backward by finite differences") {
+  const index_t hd = 4;
+  struct cfg { index_t b, s, h, kvh, prefix; };
+  // s = 70 crosses a query tile (ops::attention_tile = 64): the second tile sees more keys
+  for (cfg c : {cfg{2, 5, 4, 2, 0}, cfg{2, 5, 4, 1, 0}, cfg{2, 5, 2, 2, 3}, cfg{1, 70, 2, 1, 0}, cfg{1, 70, 2, 1, 66}}) {
+    const index_t b = c.b, s = c.s;
+    const std::size_t step = s > 10 ? 7 : 1;
+    CAPTURE(c.h);
+    CAPTURE(c.kvh);
+    CAPTURE(c.prefix);
+    CAPTURE(s);
+    vec q = random_vector(b * s * c.h * hd, 13), k = random_vector(b * s * c.kvh * hd, 14),
+        v = random_vector(b * s * c.kvh * hd, 15), r = random_vector(b * s * c.h * hd, 16);
+    vec out(q.size()), probs(b * c.h * s * s), scratch(s * s);
+    const ops::attention_mask mask{c.prefix};
+    auto fwd = [&] {
+      ops::attention_forward(host{}, make_view(q.data(), b, s, c.h, hd), make_view(k.data(), b, s, c.kvh, hd),
+                             make_view(v.data(), b, s, c.kvh, hd), make_view(out.data(), b, s, c.h, hd),
+                             make_view(probs.data(), b, c.h, s, s), mask);
+      return dot(r, out);
+    };
+    fwd();
+    const vec ref = naive_attention(q, k, v, b, s, c.h, c.kvh, hd, c.prefix);
+    for (std::size_t i = 0; i < ref.size(); ++i) CHECK(out[i] == doctest::Approx(ref[i]).epsilon(1e-12));
+    vec dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
+    ops::attention_backward(host{}, make_view(r.data(), b, s, c.h, hd), make_view(q.data(), b, s, c.h, hd),
+                            make_view(k.data(), b, s, c.kvh, hd), make_view(v.data(), b, s, c.kvh, hd),
+                            make_view(probs.data(), b, c.h, s, s), make_view(dq.data(), b, s, c.h, hd),
+                            make_view(dk.data(), b, s, c.kvh, hd), make_view(dv.data(), b, s, c.kvh, hd),
+                            make_view(scratch.data(), s, s), mask);
+    check_gradient(q, dq, fwd, "dq", 1e-6, step);
+    check_gradient(k, dk, fwd, "dk", 1e-6, step);
+    check_gradient(v, dv, fwd, "dv", 1e-6, step);
+  }
+  vec q(2 * 3 * 3 * 4), k(2 * 3 * 2 * 4), out(q.size()), probs(2 * 3 * 3 * 3);
+  CHECK_THROWS_AS(ops::attention_forward(host{}, make_view(q.data(), 2, 3, 3, 4), make_view(k.data(), 2, 3, 2, 4),
+                                         make_view(k.data(), 2, 3, 2, 4), make_view(out.data(), 2, 3, 3, 4),
+                                         make_view(probs.data(), 2, 3, 3, 3)),
+                  loom::error);
+}
+
+TEST_CASE("swiglu and gelu: forward against closed forms, backward against finite differences") {
+  const index_t n = 33;
+  vec a = random_vector(n, 17, 2.0), bb = random_vector(n, 18), r = random_vector(n, 19), y(n);
+  auto fwd = [&] {
+    ops::swiglu_forward(host{}, make_view(a.data(), n), make_view(bb.data(), n), make_view(y.data(), n));
+    return dot(r, y);
+  };
+  fwd();
+  for (index_t i = 0; i < n; ++i) CHECK(y[i] == doctest::Approx(a[i] * bb[i] / (1 + std::exp(-a[i]))).epsilon(1e-12));
+  vec da(n, 0.0), db(n, 0.0);
+  ops::swiglu_backward(host{}, make_view(r.data(), n), make_view(a.data(), n), make_view(bb.data(), n),
+                       make_view(da.data(), n), make_view(db.data(), n));
+  check_gradient(a, da, fwd, "da");
+  check_gradient(bb, db, fwd, "db");
+
+  for (auto approx : {ops::gelu_approx::none, ops::gelu_approx::tanh}) {
+    auto g = [&] {
+      ops::gelu_forward(host{}, make_view(a.data(), n), make_view(y.data(), n), approx);
+      return dot(r, y);
+    };
+    g();
+    for (index_t i = 0; i < n; ++i) {
+      const double x = a[i];
+      const double ref = approx == ops::gelu_approx::none
+                             ? x * 0.5 * std::erfc(-x / std::sqrt(2.0))
+                             : 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+      CHECK(y[i] == doctest::Approx(ref).epsilon(1e-12));
+    }
+    vec dx(n, 0.0);
+    ops::gelu_backward(host{}, make_view(r.data(), n), make_view(a.data(), n), make_view(dx.data(), n), approx);
+    check_gradient(a, dx, g, "gelu dx");
+  }
+}
+
+TEST_CASE("embedding: gather, scatter-add, and a token outside the vocabulary") {
+  const index_t v = 5, d = 3;
+  std::vector<std::int32_t> tok{4, 0, 4, 2};
+  std::vector<half> table(v * d);
+  for (index_t i = 0; i < v * d; ++i) table[i] = half(0.25f * float(i));
+  std::vector<float> out(4 * d);
+  ops::embedding_forward(host{}, make_view(tok.data(), 4), make_view(table.data(), v, d), make_view(out.data(), 4, d));
+  for (index_t i = 0; i < 4; ++i)
+    for (index_t j = 0; j < d; ++j) CHECK(out[i * d + j] == 0.25f * float(tok[i] * d + j));
+  std::vector<float> dout(4 * d), dtab(v * d, 0.f);
+  for (index_t i = 0; i < 4 * d; ++i) dout[i] = float(i + 1);
+  ops::embedding_backward(host{}, make_view(tok.data(), 4), make_view(dout.data(), 4, d), make_view(dtab.data(), v, d));
+  for (index_t j = 0; j < d; ++j) {
+    CHECK(dtab[4 * d + j] == dout[0 * d + j] + dout[2 * d + j]);
+    CHECK(dtab[0 * d + j] == dout[1 * d + j]);
+    CHECK(dtab[2 * d + j] == dout[3 * d + j]);
+    CHECK(dtab[1 * d + j] == 0.f);
+  }
+  tok[1] = 5;
+  try {
+    ops::embedding_forward(host{}, make_view(tok.data(), 4), make_view(table.data(), v, d), make_view(out.data(), 4, d));
+    FAIL("no error for token 5");
+  } catch (const loom::error& e) {
+    CHECK(std::string(e.what()).find("token id 5") != std::string::npos);
+  }
+}
+
+TEST_CASE("cross-entropy: mean over non-ignored targets, backward by finite differences") {
+  const index_t n = 5, v = 7;
+  vec logits = random_vector(n * v, 20, 2.0), lse(n);
+  std::vector<std::int32_t> tgt{3, -100, 0, 6, 2};
+  auto fwd = [&] {
+    return ops::cross_entropy_forward(host{}, make_view(logits.data(), n, v), make_view(tgt.data(), n),
+                                      make_view(lse.data(), n));
+  };
+  const double loss = fwd();
+  double ref = 0;
+  for (index_t i = 0; i < n; ++i) {
+    if (tgt[i] < 0) continue;
+    double z = 0;
+    for (index_t j = 0; j < v; ++j) z += std::exp(logits[i * v + j]);
+    ref += -std::log(std::exp(logits[i * v + tgt[i]]) / z) / 4;
+  }
+  CHECK(loss == doctest::Approx(ref).epsilon(1e-12));
+  vec dl(n * v, 0.0);
+  ops::cross_entropy_backward(host{}, make_view(logits.data(), n, v), make_view(tgt.data(), n), make_view(lse.data(), n),
+                              make_view(dl.data(), n, v));
+  check_gradient(logits, dl, fwd, "dlogits");
+  for (index_t j = 0; j < v; ++j) CHECK(dl[1 * v + j] == 0.0);  // the ignored row
+  tgt[2] = 7;
+  try {
+    fwd();
+    FAIL("no error for target 7");
+  } catch (const loom::error& e) {
+    CHECK(std::string(e.what()).find("target 7") != std::string::npos);
+  }
+}
+
+TEST_CASE("adamw: three steps against the PyTorch formulas; bfloat16 parameters with fp32 master weights") {
+  const index_t n = 10;
+  const ops::adamw_hparams hp{1e-2, 0.9, 0.95, 1e-8, 0.1};
+  vec p0 = random_vector(n, 21), g = random_vector(n, 22);
+  std::vector<float> p(p0.begin(), p0.end()), gf(g.begin(), g.end()), m(n, 0.f), v(n, 0.f);
+  std::vector<double> pr(p0), mr(n, 0.0), vr(n, 0.0);
+  for (long t = 1; t <= 3; ++t) {
+    ops::adamw_step(host{}, make_view(p.data(), n), make_view(gf.data(), n), make_view(m.data(), n),
+                    make_view(v.data(), n), hp, t, 0.5f);
+    for (index_t i = 0; i < n; ++i) {  // torch.optim.AdamW, written out
+      const double gi = double(gf[i]) * 0.5;
+      pr[i] *= 1 - hp.lr * hp.weight_decay;
+      mr[i] = hp.beta1 * mr[i] + (1 - hp.beta1) * gi;
+      vr[i] = hp.beta2 * vr[i] + (1 - hp.beta2) * gi * gi;
+      const double mh = mr[i] / (1 - std::pow(hp.beta1, t)), vh = vr[i] / (1 - std::pow(hp.beta2, t));
+      pr[i] -= hp.lr * mh / (std::sqrt(vh) + hp.eps);
+    }
+  }
+  for (index_t i = 0; i < n; ++i) CHECK(p[i] == doctest::Approx(pr[i]).epsilon(1e-5));
+  std::vector<loom::bfloat16> pb(p0.begin(), p0.end());
+  std::vector<float> master(p0.begin(), p0.end()), m2(n, 0.f), v2(n, 0.f);
+  ops::adamw_step(host{}, make_view(pb.data(), n), make_view(master.data(), n), make_view(gf.data(), n),
+                  make_view(m2.data(), n), make_view(v2.data(), n), hp, 1);
+  std::vector<float> p1(p0.begin(), p0.end()), m1(n, 0.f), v1(n, 0.f);
+  ops::adamw_step(host{}, make_view(p1.data(), n), make_view(gf.data(), n), make_view(m1.data(), n),
+                  make_view(v1.data(), n), hp, 1);
+  for (index_t i = 0; i < n; ++i) {
+    CHECK(master[i] == p1[i]);
+    CHECK(pb[i].bits == loom::bfloat16(p1[i]).bits);
+  }
+  CHECK_THROWS_AS(ops::adamw_step(host{}, make_view(p.data(), n), make_view(gf.data(), n), make_view(m.data(), n),
+                                  make_view(v.data(), n), hp, 0),
+                  loom::error);
+}

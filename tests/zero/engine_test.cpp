@@ -1,0 +1,212 @@
+// The ZeRO engine on thread ranks: every stage x data-parallel size trains the toy model for
+// 20 steps and must reproduce a naive single-rank trainer (own forward/backward loop and
+// own AdamW, no engine) within 1e-5; the model's gradient is checked against finite
+// differences; per-rank model-state memory, measured by the memory resources, must match
+// the ZeRO formulas; optimizer offload to cpu and to an nvme file gives the same losses.
+#include <loom/zero/engine.hpp>
+
+#include <loom/comm/thread_comm.hpp>
+#include "support/engine_check.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+using namespace loom;
+using test::toy_mlp;
+
+namespace {
+
+using namespace loom::test;
+
+template <class Stage, class T>
+run_result engine_run(int world, const zero::engine_options& o, std::size_t L = kLayers, std::size_t D = kWidth,
+                      std::size_t steps = kSteps) {
+  run_result out;
+  comm::run_ranks(world, [&](comm::thread_comm& c) {
+    run_result r = rank_run<Stage, T>(c, o, L, D, steps);
+    if (c.rank() == 0) out = r;
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("toy model gradient matches finite differences") {
+  const std::size_t L = 3, D = 5, B = 4;
+  const auto specs = toy_mlp::specs(L, D);
+  zero::flat_layout lay(specs, 1);
+  std::vector<std::vector<double>> dummy;
+  std::vector<std::vector<float>> w(specs.size()), g(specs.size());
+  std::vector<float*> wp, gp;
+  for (std::size_t p = 0; p < specs.size(); ++p) {
+    w[p].resize(specs[p].numel());
+    toy_mlp::init(D, p, 0, w[p]);
+    g[p].resize(w[p].size());
+    wp.push_back(w[p].data());
+    gp.push_back(g[p].data());
+  }
+  toy_mlp model(L, D);
+  model.set_batch(0, 0, B);
+  auto loss = [&] {
+    for (std::size_t l = 0; l < L; ++l) model.forward<float>(l, zero::layer_params<const float>(lay, l, wp.data()));
+    return double(model.loss());
+  };
+  loss();
+  for (std::size_t l = L; l-- > 0;)
+    model.backward<float>(l, zero::layer_params<const float>(lay, l, wp.data()), zero::layer_params<float>(lay, l, gp.data()));
+  for (std::size_t p = 0; p < specs.size(); ++p)
+    for (std::size_t i = 0; i < w[p].size(); i += 3) {
+      const float keep = w[p][i], h = 1e-2f;
+      w[p][i] = keep + h;
+      const double up = loss();
+      w[p][i] = keep - h;
+      const double down = loss();
+      w[p][i] = keep;
+      INFO(specs[p].name, "[", i, "]");
+      CHECK(g[p][i] == doctest::Approx((up - down) / (2 * h)).epsilon(2e-2).scale(1e-2));
+    }
+}
+
+TEST_CASE("stages 0-3 x dp 1, 2, 4 reproduce the single-rank trainer (20 steps, 1e-5)") {
+  const run_result ref = reference_run(kLayers, kWidth, kBatch, kSteps, kAdam);
+  CHECK(ref.losses.back() < ref.losses.front());  // it trains
+  const zero::engine_options o = small_options();
+  for (int world : {1, 2, 4}) {
+    INFO("dp=", world);
+    SUBCASE("stage 0") { check_close(engine_run<zero::stage0, float>(world, o), ref, 1e-5); }
+    SUBCASE("stage 1") { check_close(engine_run<zero::stage1, float>(world, o), ref, 1e-5); }
+    SUBCASE("stage 2") { check_close(engine_run<zero::stage2, float>(world, o), ref, 1e-5); }
+    SUBCASE("stage 3") { check_close(engine_run<zero::stage3, float>(world, o), ref, 1e-5); }
+  }
+}
+
+TEST_CASE("scheduler knobs do not change the result") {
+  const run_result ref = reference_run(kLayers, kWidth, kBatch, kSteps, kAdam);
+  zero::engine_options o = small_options();
+  SUBCASE("no contiguous gradients, no overlap") {
+    o.contiguous_gradients = false;
+    o.overlap_comm = false;
+    check_close(engine_run<zero::stage2, float>(4, o), ref, 1e-5);
+    check_close(engine_run<zero::stage3, float>(2, o), ref, 1e-5);
+  }
+  SUBCASE("one bucket per layer, no prefetch, nothing persistent") {
+    o.reduce_bucket_numel = 1;
+    o.stage3 = {0, 156, 0};
+    check_close(engine_run<zero::stage3, float>(4, o), ref, 1e-5);
+  }
+  SUBCASE("everything in one bucket, all persistent") {
+    o.reduce_bucket_numel = 1 << 20;
+    o.stage3 = {1 << 20, 1 << 20, 1 << 20};
+    check_close(engine_run<zero::stage3, float>(2, o), ref, 1e-5);
+  }
+}
+
+TEST_CASE("gradient clipping by global norm matches the reference") {
+  const run_result ref = reference_run(kLayers, kWidth, kBatch, kSteps, kAdam, 0.05);
+  CHECK_FALSE(ref.final_master == reference_run(kLayers, kWidth, kBatch, kSteps, kAdam).final_master);
+  zero::engine_options o = small_options();
+  o.gradient_clipping = 0.05f;
+  check_close(engine_run<zero::stage0, float>(2, o), ref, 1e-5);
+  check_close(engine_run<zero::stage1, float>(4, o), ref, 1e-5);
+  check_close(engine_run<zero::stage3, float>(4, o), ref, 1e-5);
+}
+
+namespace {
+// A model whose gradient on rank 1 is infinite (an fp16 overflow on one rank).
+struct overflowing_model {
+  int rank;
+  template <class T> void forward(std::size_t, const zero::layer_params<const T>&) {}
+  template <class T>
+  void backward(std::size_t, const zero::layer_params<const T>&, const zero::layer_params<T>& g) {
+    for (std::size_t k = 0; k < g.size(); ++k)
+      for (auto& x : g.span(k)) x = rank == 1 ? T(INFINITY) : T(1.f);
+  }
+};
+}  // namespace
+
+TEST_CASE("an overflow on one rank skips the step on every rank") {
+  comm::run_ranks(2, [](comm::thread_comm& c) {
+    host_memory_resource states("states"), scratch("scratch"), host("host");
+    zero::engine<zero::stage2, float, comm::thread_comm> e(
+        c, zero::flat_layout(toy_mlp::specs(2, 4), 2), small_options(), {&states, &scratch, &host},
+        [](std::size_t p, std::size_t first, std::span<float> v) { toy_mlp::init(4, p, first, v); });
+    const std::vector<float> before = e.gather_master();
+    overflowing_model m{c.rank()};
+    e.forward(m);
+    e.backward(m);
+    CHECK_FALSE(e.step());
+    CHECK(e.steps_taken() == 0);
+    CHECK(e.gather_master() == before);
+  });
+}
+
+TEST_CASE("half parameters and gradients track the fp32 run") {
+  const run_result ref = reference_run(kLayers, kWidth, kBatch, kSteps, kAdam);
+  const run_result h = engine_run<zero::stage3, half>(4, small_options());
+  for (std::size_t s = 0; s < kSteps; ++s) CHECK(std::abs(h.losses[s] - ref.losses[s]) <= 2e-2 * ref.losses[s]);
+}
+
+TEST_CASE("per-rank model-state memory matches the ZeRO formulas") {
+  // Ψ = 4 layers x (64x64 + 64); half parameters and gradients, fp32 Adam (12 bytes)
+  const std::size_t L = 4, D = 64;
+  const double psi = double(L * (D * D + D));
+  zero::engine_options o = small_options();
+  o.reduce_bucket_numel = 5000;
+  o.stage3 = {5000, 10000, D};  // biases persistent
+  for (int world : {2, 4}) {
+    const double n = world;
+    auto check = [&](const run_result& r, double formula, const char* what) {
+      INFO(std::string(what), " dp=", world, " measured=", r.states_current, " formula=", formula, " persistent=", r.persistent_bytes);
+      MESSAGE(std::string(what), " dp=", world, ": measured ", r.states_current, " B, formula ", formula, " B, persistent ", r.persistent_bytes, " B");
+      CHECK(std::abs(double(r.states_current) - formula) <= 0.05 * formula + double(r.persistent_bytes));
+      CHECK(r.states_current == r.bytes.parameters + r.bytes.persistent + r.bytes.gradients + r.bytes.optimizer);
+    };
+    check(engine_run<zero::stage0, half>(world, o, L, D, 1), 16 * psi, "stage 0");
+    check(engine_run<zero::stage1, half>(world, o, L, D, 1), 4 * psi + 12 * psi / n, "stage 1");
+    check(engine_run<zero::stage2, half>(world, o, L, D, 1), 2 * psi + 14 * psi / n, "stage 2");
+    check(engine_run<zero::stage3, half>(world, o, L, D, 1), 16 * psi / n, "stage 3");
+  }
+}
+
+TEST_CASE("optimizer offload to cpu and nvme: same losses, state off the device, file removed") {
+  const zero::engine_options base = small_options();
+  const run_result in_memory = engine_run<zero::stage3, float>(2, base);
+  zero::engine_options cpu = base;
+  cpu.offload_optimizer = zero::offload_device::cpu;
+  const run_result on_cpu = engine_run<zero::stage3, float>(2, cpu);
+  CHECK(on_cpu.losses == in_memory.losses);
+  CHECK(on_cpu.final_master == in_memory.final_master);
+  CHECK(on_cpu.host_current == on_cpu.bytes.optimizer);
+  CHECK(on_cpu.states_current == on_cpu.bytes.parameters + on_cpu.bytes.persistent + on_cpu.bytes.gradients);
+
+  const auto dir = std::filesystem::temp_directory_path() / "loom_zero_engine_nvme";
+  std::filesystem::create_directories(dir);
+  zero::engine_options nvme = base;
+  nvme.offload_optimizer = zero::offload_device::nvme;
+  nvme.nvme_path = dir.string();
+  const run_result on_nvme = engine_run<zero::stage2, float>(4, nvme);
+  const run_result stage2_mem = engine_run<zero::stage2, float>(4, base);
+  CHECK(on_nvme.losses == stage2_mem.losses);
+  CHECK(on_nvme.final_master == stage2_mem.final_master);
+  CHECK(on_nvme.host_current == 0);
+  CHECK(std::filesystem::is_empty(dir));
+  std::filesystem::remove(dir);
+}
+
+TEST_CASE("engine: bad configuration is a clear error") {
+  comm::run_ranks(2, [](comm::thread_comm& c) {
+    host_memory_resource states("states"), scratch("scratch"), host("host");
+    auto init = [](std::size_t, std::size_t, std::span<float>) {};
+    CHECK_THROWS_WITH_AS((zero::engine<zero::stage3, float, comm::thread_comm>(
+                             c, zero::flat_layout(toy_mlp::specs(2, 8), 4), {}, {&states, &scratch, &host}, init)),
+                         doctest::Contains("world=4"), loom::error);
+    zero::engine_options o;
+    o.stage3 = {10, 10, 0};
+    CHECK_THROWS_WITH_AS((zero::engine<zero::stage3, float, comm::thread_comm>(
+                             c, zero::flat_layout(toy_mlp::specs(2, 8), 2), o, {&states, &scratch, &host}, init)),
+                         doctest::Contains("stage3_max_live_parameters=10"), loom::error);
+  });
+}
