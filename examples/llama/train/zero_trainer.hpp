@@ -172,6 +172,9 @@ train_result run_zero_rank(loom::comm::thread_comm& comm, const options& o, cons
 inline train_result run_zero(const options& o, const loom::io::ds_config& c, std::ostream* log) {
   LOOM_CHECK(o.resume.empty() && o.save.empty(), "llama-train: --save/--resume are single-rank only for now (--ranks ",
              o.ranks, ")");
+  LOOM_CHECK(c.zero.offload_param.device == loom::io::offload_device::none,
+             "llama-train: zero_optimization.offload_param is not supported yet (parameters stay on the rank); "
+             "remove it or set \"device\": \"none\"");
   train_result out;
   loom::comm::run_ranks(o.ranks, [&](loom::comm::thread_comm& comm) {
     train_result r = loom::zero::dispatch_stage(c.zero.stage, [&](auto stage) {
