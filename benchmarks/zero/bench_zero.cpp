@@ -1,7 +1,8 @@
 // loom-bench-zero: one ZeRO training step of a layered model (tests/zero's toy MLP: L tanh
 // layers of width D, explicit per-layer backward) for stages 0-3 and several data-parallel
 // sizes on thread ranks. Per configuration it reports, from rank 0:
-//   step ms             mean wall time of a training step (overlap_comm on)
+//   step ms             median wall time of a training step (overlap_comm on); medians
+//                       throughout, as ranks may share cores with other work
 //   reduce exposed ms   time backward waited for gradient reductions with overlap on
 //   reduce total ms     the same reductions run blocking (overlap off)
 //   hidden              1 - exposed / total: the share of reduction time hidden behind backward
@@ -14,6 +15,7 @@
 
 #include "support/toy_model.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +41,11 @@ std::vector<int> list(const std::string& s) {
   return v;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 struct result {
   double step_ms = 0, exposed_ms = 0, total_ms = 0, gather_ms = 0;
   std::size_t states = 0;
@@ -59,22 +66,22 @@ result measure(const args& a, int world, bool overlap) {
         c, loom::zero::flat_layout(loom::test::toy_mlp::specs(a.layers, D), std::size_t(world)), o, {&states, &scratch, &host},
         [D](std::size_t p, std::size_t first, std::span<float> v) { loom::test::toy_mlp::init(D, p, first, v); });
     const std::size_t warm = 2;
-    double t = 0, r0 = 0, g0 = 0;
+    std::vector<double> step_s, reduce_s, gather_s;  // per measured step
     for (std::size_t s = 0; s < warm + a.steps; ++s) {
-      if (s == warm) {
-        c.barrier();
-        r0 = e.reducer().wait_seconds();
-        g0 = e.gatherer() ? e.gatherer()->wait_seconds() : 0;
-      }
       model.set_batch(s, std::size_t(c.rank()) * a.batch, a.batch);
+      c.barrier();  // every step starts together: skew from the previous one does not leak in
+      const double r0 = e.reducer().wait_seconds(), g0 = e.gatherer() ? e.gatherer()->wait_seconds() : 0;
       const auto t0 = std::chrono::steady_clock::now();
       e.train_step(model);
-      if (s >= warm) t += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (s < warm) continue;
+      step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      reduce_s.push_back(e.reducer().wait_seconds() - r0);
+      gather_s.push_back(e.gatherer() ? e.gatherer()->wait_seconds() - g0 : 0);
     }
     if (c.rank() == 0) {
-      out.step_ms = 1e3 * t / double(a.steps);
-      out.exposed_ms = 1e3 * (e.reducer().wait_seconds() - r0) / double(a.steps);
-      out.gather_ms = e.gatherer() ? 1e3 * (e.gatherer()->wait_seconds() - g0) / double(a.steps) : 0;
+      out.step_ms = 1e3 * median(step_s);
+      out.exposed_ms = 1e3 * median(reduce_s);
+      out.gather_ms = 1e3 * median(gather_s);
       out.states = states.current_bytes();
     }
   });
