@@ -29,6 +29,7 @@
 #include <loom/core/dtype.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/memory.hpp>
+#include <loom/data/chat_jsonl.hpp>
 #include <loom/data/token_loader.hpp>
 #include <loom/io/ds_config.hpp>
 #include <loom/optim/adamw.hpp>
@@ -152,9 +153,7 @@ class trainer {
   trainer(const options& o, const loom::io::ds_config& c, std::ostream* log)
       : o_(o), c_(c), log_(log), mem_("llama-train"), model_(o.model, mem_), G_(c.gradient_accumulation_steps),
         micro_(c.train_micro_batch_size_per_gpu),
-        loader_(loom::data::open_shards(o.data, loom::data::token_width::u16),
-                {.seq_len = std::size_t(o.model.seq_len), .batch = std::size_t(micro_), .vocab_size = std::uint32_t(o.model.vocab),
-                 .seed = o.seed}),
+        loader_(make_loader(o, micro_)),
         opt_(model_.parameter_count(), c.optimizer.adamw(), mem_), sched_(c.lr_schedule()) {
     model_.init(o.seed);
     model_.set_checkpointing(o.checkpointing || c.activation_checkpointing.enabled);
@@ -171,7 +170,7 @@ class trainer {
     model_.zero_grad();
     double loss = 0;
     for (std::int64_t m = 0; m < G_; ++m) {
-      loader_.next(batch_);
+      std::visit([&](auto& l) { l.next(batch_); }, loader_);
       const loom::extents<2> shape{static_cast<loom::index_t>(batch_.batch), static_cast<loom::index_t>(batch_.seq_len)};
       loss += model_.forward({batch_.tokens.data(), shape}, {batch_.targets.data(), shape}) / static_cast<double>(G_);
       model_.backward(scale / static_cast<float>(G_));
@@ -242,7 +241,7 @@ class trainer {
     detail::read_span(f, opt_.exp_avg_sq(), path, "exp_avg_sq");
     step_ = h.step, iteration_ = h.iteration;
     opt_.set_step_count(h.adam_t);
-    loader_.set_state({h.loader_epoch, h.loader_batch});
+    std::visit([&](auto& l) { l.set_state({h.loader_epoch, h.loader_batch}); }, loader_);
     if (auto* d = std::get_if<loom::amp::dynamic_loss_scaler>(&scaler_))
       d->set_state({h.scale, h.scaler_iteration, h.last_overflow_iteration, h.hysteresis_left, h.skipped_steps});
   }
@@ -254,6 +253,24 @@ class trainer {
   }
 
  private:
+  /// Token shards, or (one path ending in .jsonl) chat records with loss on the responses only:
+  /// byte tokens, half the sequence for the prompt side, half for the response.
+  static std::variant<loom::data::token_loader, loom::data::chat_loader> make_loader(const options& o, std::int64_t micro) {
+    const loom::data::sampler_options so{.batch = std::size_t(micro), .seed = o.seed};
+    if (o.data.size() == 1 && o.data[0].size() > 6 && o.data[0].ends_with(".jsonl")) {
+      const loom::data::byte_tokenizer tok;
+      LOOM_CHECK(o.model.vocab >= tok.vocab_size(), "llama-train: chat data needs vocab >= ", tok.vocab_size(),
+                 " (bytes + bos/eos/pad), got vocab=", o.model.vocab);
+      const std::size_t src = std::size_t(o.model.seq_len) / 2;
+      return loom::data::chat_loader(loom::data::read_chat_jsonl(o.data[0]), tok,
+                                     {.max_source_length = src, .max_target_length = std::size_t(o.model.seq_len) - src,
+                                      .vocab_size = std::uint32_t(o.model.vocab)},
+                                     so);
+    }
+    return loom::data::token_loader(loom::data::open_shards(o.data, loom::data::token_width::u16),
+                                    {.seq_len = std::size_t(o.model.seq_len), .batch = so.batch,
+                                     .vocab_size = std::uint32_t(o.model.vocab), .seed = so.seed});
+  }
   float current_scale() const {
     return std::visit([](const auto& s) { return s.scale(); }, scaler_);
   }
@@ -267,7 +284,8 @@ class trainer {
     h.vocab = m.vocab, h.seq_len = m.seq_len, h.tied = m.tied_output;
     h.n_params = model_.parameter_count();
     h.step = step_, h.iteration = iteration_, h.adam_t = opt_.step_count();
-    h.loader_epoch = loader_.state().epoch, h.loader_batch = loader_.state().batch_in_epoch;
+    const auto ls = std::visit([](const auto& l) { return l.state(); }, loader_);
+    h.loader_epoch = ls.epoch, h.loader_batch = ls.batch_in_epoch;
     h.scale = current_scale();
     if (const auto* d = std::get_if<loom::amp::dynamic_loss_scaler>(&scaler_)) {
       const auto& s = d->state();
@@ -283,7 +301,7 @@ class trainer {
   loom::host_memory_resource mem_;
   llama::model<P> model_;
   std::int64_t G_, micro_;
-  loom::data::token_loader loader_;
+  std::variant<loom::data::token_loader, loom::data::chat_loader> loader_;
   loom::data::token_batch batch_;
   loom::optim::adamw opt_;
   loom::amp::master_weights<P> master_;
@@ -332,7 +350,7 @@ inline train_result run_zero(const options& o, const loom::io::ds_config& c, std
 inline train_result run(const options& o, std::ostream* log) {
   const auto c = resolve_config(o);
   for (const auto& w : c.warnings)
-    if (log) *log << "warning: " << w << std::endl;
+    if (log) *log << "note: " << w << std::endl;
   if (log)
     *log << "llama-train: dim " << o.model.dim << ", layers " << o.model.n_layers << ", heads " << o.model.n_heads << "/"
          << o.model.n_kv_heads << ", vocab " << o.model.vocab << ", seq " << o.model.seq_len << " | " << loom::dtype_name(c.precision())

@@ -1,0 +1,455 @@
+#pragma once
+// The LLaMA of examples/llama/model/llama.hpp cut over a tensor group and pipeline stages:
+// what ONE rank of a (dp, tp, pp) mesh holds and runs.
+//
+// Why it is written this way: it is the single-rank model's code with each layer swapped for
+// its nn/tp counterpart (heads, FFN hidden units and vocabulary split over tp) and the block
+// loop restricted to this stage's layers, so a reader can diff the two. The single-rank model
+// stays the oracle: parameters carry the same names, every shard is initialised with the
+// counter-RNG values of the same elements of the full flat buffer, and store_params /
+// store_grads write a rank's shards back into the single-rank layout.
+//
+// ---- Interface -----------------------------------------------------------------------------
+//
+//   llama3d::stage_model<P, T, C> m(cfg, tp_comm, stage, stages, memory);
+//   m.init(seed);                       // = llama::model::init on the elements held here
+//   per micro-batch mb (any order a pipeline schedule gives, several in flight):
+//     m.forward(mb, tokens, targets)    // [batch, seq]; first stage embeds tokens, the others
+//                                       // read m.input(mb) (filled by a recv); last stage
+//                                       // returns the micro-batch's mean loss (others 0)
+//     m.output(mb)                      // [batch*seq, dim] to send to the next stage
+//     m.output_grad(mb)                 // where a recv puts d(loss)/d(output) (non-last stages)
+//     m.backward(mb, dloss)             // grads ADDED (accumulate over micro-batches)
+//     m.input_grad(mb)                  // d/d(input) to send to the previous stage
+//     m.release(mb)                     // after the last use of mb: its activation slot is reused
+//   m.params(), m.grads(), m.zero_grad(), m.shards(), m.store_params(full), m.store_grads(full)
+//
+// Layers are split over pp stages as evenly as possible (the first L % pp stages get one
+// more); the embedding lives on the first stage, the final norm and output projection on the
+// last. With tied embeddings and pp > 1 the last stage holds a copy of its vocabulary shard
+// of tok_embeddings.weight (replica 1); the trainer sums the two copies' gradients so they
+// stay equal. Activation memory is one slot per micro-batch in flight (GPipe: m, 1F1B: at
+// most pp - stage), taken at forward and given back by release().
+
+#include <llama/model/llama.hpp>
+
+#include <loom/comm/communicator.hpp>
+#include <loom/core/buffer.hpp>
+#include <loom/core/random.hpp>
+#include <loom/nn/norm.hpp>
+#include <loom/nn/parameters.hpp>
+#include <loom/nn/tp/attention.hpp>
+#include <loom/nn/tp/cross_entropy.hpp>
+#include <loom/nn/tp/embedding.hpp>
+#include <loom/nn/tp/linear.hpp>
+#include <loom/nn/tp/mlp.hpp>
+#include <loom/nn/tp/shard.hpp>
+#include <loom/nn/workspace.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace llama3d {
+
+using loom::index_t;
+namespace tp = loom::nn::tp;
+
+/// The layers [first, last) of stage `stage` of `stages`, split as evenly as possible.
+struct stage_range {
+  index_t first = 0, last = 0;
+  index_t layers() const noexcept { return last - first; }
+};
+inline stage_range split_layers(index_t n_layers, int stages, int stage) {
+  LOOM_CHECK(stages >= 1, "llama3d: pp must be >= 1, got pp=", stages);
+  LOOM_CHECK(n_layers >= stages, "llama3d: n_layers (", n_layers, ") must be >= pp (", stages,
+             "): every pipeline stage needs a layer");
+  LOOM_CHECK(stage >= 0 && stage < stages, "llama3d: stage ", stage, " outside [0, ", stages, ")");
+  const index_t base = n_layers / stages, extra = n_layers % stages;
+  const index_t first = stage * base + std::min<index_t>(stage, extra);
+  return {first, first + base + (stage < extra ? 1 : 0)};
+}
+
+/// Refuses a model that cannot be split over tp with a loom::error naming the value.
+inline void check_tensor_split(const llama::config& c, int tp) {
+  c.validate();
+  LOOM_CHECK(tp >= 1, "llama3d: tp must be >= 1, got tp=", tp);
+  LOOM_CHECK(c.n_heads % tp == 0, "llama3d: n_heads (", c.n_heads, ") must be divisible by tp (", tp, ")");
+  LOOM_CHECK(c.n_kv_heads % tp == 0 || tp % c.n_kv_heads == 0, "llama3d: n_kv_heads (", c.n_kv_heads,
+             ") must be divisible by tp (", tp, ") or divide it (replicated key/value heads)");
+  LOOM_CHECK(c.hidden_dim % tp == 0, "llama3d: hidden_dim (", c.hidden_dim, ") must be divisible by tp (", tp, ")");
+  LOOM_CHECK(c.vocab % tp == 0, "llama3d: vocab (", c.vocab, ") must be divisible by tp (", tp, ")");
+}
+
+/// The single-rank model's flat layout (names, offsets), built without allocating it: the
+/// same declarations in the same order as llama::model (the test compares the two).
+inline loom::nn::param_layout full_layout(const llama::config& c) {
+  c.validate();
+  loom::nn::param_layout L;
+  const index_t d = c.dim, hd = c.head_dim();
+  L.add("tok_embeddings.weight", loom::extents<2>{c.vocab, d});
+  for (index_t l = 0; l < c.n_layers; ++l) {
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    L.add(pre + "attention_norm.weight", loom::extents<1>{d});
+    L.add(pre + "attention.wq.weight", loom::extents<2>{c.n_heads * hd, d});
+    L.add(pre + "attention.wk.weight", loom::extents<2>{c.n_kv_heads * hd, d});
+    L.add(pre + "attention.wv.weight", loom::extents<2>{c.n_kv_heads * hd, d});
+    L.add(pre + "attention.wo.weight", loom::extents<2>{d, c.n_heads * hd});
+    L.add(pre + "ffn_norm.weight", loom::extents<1>{d});
+    L.add(pre + "feed_forward.w1.weight", loom::extents<2>{c.hidden_dim, d});
+    L.add(pre + "feed_forward.w2.weight", loom::extents<2>{d, c.hidden_dim});
+    L.add(pre + "feed_forward.w3.weight", loom::extents<2>{c.hidden_dim, d});
+  }
+  L.add("norm.weight", loom::extents<1>{d});
+  if (!c.tied_output) L.add("output.weight", loom::extents<2>{c.vocab, d});
+  return L;
+}
+
+template <class P, loom::ops::compute_type T, loom::comm::communicator C>
+class stage_model {
+  template <class E>
+  using view2 = loom::tensor_view<E, loom::host, 2>;
+
+  struct block {
+    loom::nn::rmsnorm<T> attention_norm;
+    tp::parallel_attention<T> attention;
+    loom::nn::rmsnorm<T> ffn_norm;
+    tp::parallel_swiglu_mlp<T> feed_forward;
+  };
+  struct block_acts {
+    loom::buffer<T> xn1, rstd1;  // [n, dim], [n]
+    typename tp::parallel_attention<T>::activations attn;
+    loom::buffer<T> h;           // [n, dim]
+    loom::buffer<T> xn2, rstd2;
+    typename tp::parallel_swiglu_mlp<T>::activations mlp;
+  };
+  // Everything one micro-batch in flight keeps between its forward and its backward.
+  struct slot {
+    index_t batch = 0, seq = 0;
+    loom::buffer<std::int32_t> tokens, targets;  // [n]
+    loom::buffer<T> resid;                       // [layers + 1, n, dim]: stage input .. output
+    std::vector<block_acts> acts;
+    loom::buffer<T> xf, rstdf, logits;           // last stage: [n, dim], [n], [n, vocab/tp]
+    std::unique_ptr<tp::vocab_parallel_cross_entropy<T>> loss;
+    loom::buffer<T> dout, din;                   // [n, dim]: gradient of the output / input
+  };
+
+ public:
+  using param_type = P;
+  using compute_type = T;
+
+  /// pad_to: the flat buffers are sized to a multiple of it (the data-parallel size, so ZeRO
+  /// cuts them into equal slices).
+  stage_model(const llama::config& c, C& tp_comm, int stage, int stages,
+              loom::memory_resource& mr = loom::default_resource<loom::host>(), std::size_t pad_to = 1)
+      : cfg_((check_tensor_split(c, tp_comm.size()), c)), tp_(&tp_comm), t_{tp_comm.rank(), tp_comm.size()},
+        stage_(stage), stages_(stages), range_(split_layers(c.n_layers, stages, stage)), mr_(&mr), layout_(declare()),
+        size_((layout_.size() + pad_to - 1) / pad_to * pad_to), params_(size_, mr), grads_(size_, mr), ws_(0, mr),
+        dx_a_(0, mr), dx_b_(0, mr) {
+    const auto full = full_layout(c);
+    for (const auto& s : shards_) full_offset_[s.name] = full.find(s.name).offset;
+    std::fill(params_.begin(), params_.end(), P(0.f));
+    zero_grad();
+  }
+  stage_model(const stage_model&) = delete;
+  stage_model& operator=(const stage_model&) = delete;
+
+  const llama::config& cfg() const noexcept { return cfg_; }
+  bool first_stage() const noexcept { return stage_ == 0; }
+  bool last_stage() const noexcept { return stage_ == stages_ - 1; }
+  stage_range layers() const noexcept { return range_; }
+  std::span<P> params() noexcept { return params_.span(); }
+  std::span<const P> params() const noexcept { return params_.span(); }
+  std::span<T> grads() noexcept { return grads_.span(); }
+  std::span<const T> grads() const noexcept { return grads_.span(); }
+  const loom::nn::param_layout& layout() const noexcept { return layout_; }
+  /// Elements of the flat parameter / gradient buffers (layout size padded to pad_to).
+  std::size_t size() const noexcept { return size_; }
+  const tp::shard_list& shards() const noexcept { return shards_; }
+  void zero_grad() noexcept { std::fill(grads_.begin(), grads_.end(), T(0)); }
+  /// ZeRO-3 / ZeRO-2: drop the full parameter / gradient buffer between steps, and bring it
+  /// back (uninitialised) before the next one.
+  void drop_params() noexcept { params_.release(); }
+  void drop_grads() noexcept { grads_.release(); }
+  void ensure_params() {
+    if (params_.empty()) params_ = loom::buffer<P>(size_, *mr_);
+  }
+  void ensure_grads() {
+    if (grads_.empty()) grads_ = loom::buffer<T>(size_, *mr_);
+  }
+  /// Where `name` starts in the single-rank flat buffer.
+  std::size_t full_offset(const std::string& name) const { return full_offset_.at(name); }
+  /// Activation slots allocated so far (the peak number of micro-batches in flight).
+  std::size_t slots() const noexcept { return pool_.size(); }
+
+  /// Tied embeddings over pp > 1: this rank's copy of tok_embeddings.weight that must stay
+  /// equal to the other end's (nullopt when there is none).
+  std::optional<loom::nn::param_slot<2>> tied_copy() const {
+    if (!cfg_.tied_output || stages_ == 1) return std::nullopt;
+    return first_stage() ? tok_embeddings_.weight() : output_.local().weight();
+  }
+
+  /// llama::model::init restricted to the elements held here.
+  void init(std::uint64_t seed, float std = 0.02f) {
+    const loom::counter_rng rng(seed);
+    auto p = params();
+    std::fill(p.begin(), p.end(), P(0.f));
+    const float resid_std = std / std::sqrt(2.f * float(cfg_.n_layers));
+    for (const auto& s : shards_) {
+      const bool norm = ends_with(s.name, "norm.weight");
+      const bool resid = ends_with(s.name, "attention.wo.weight") || ends_with(s.name, "feed_forward.w2.weight");
+      const std::size_t fo = full_offset(s.name);
+      for (index_t r = 0; r < s.rows; ++r) {
+        auto dst = p.subspan(s.local_offset + static_cast<std::size_t>(r * s.cols), static_cast<std::size_t>(s.cols));
+        if (norm) std::fill(dst.begin(), dst.end(), P(1.f));
+        else rng.fill_normal(dst, fo + static_cast<std::size_t>((s.row0 + r) * s.full_cols + s.col0), 0.f, resid ? resid_std : std);
+      }
+    }
+  }
+
+  /// This rank's parameters / gradients (canonical copies only) into a single-rank buffer.
+  template <class F>
+  void store_params(std::span<F> full) const { store(params(), full); }
+  template <class F>
+  void store_grads(std::span<F> full) const { store(grads(), full); }
+
+  // ---- per micro-batch -------------------------------------------------------------------
+  /// [n, dim] input of this stage for mb (a recv fills it; first stage: the embedding).
+  std::span<T> input(int mb, index_t batch, index_t seq) { return acquire(mb, batch, seq).resid.span().subspan(0, nd(batch, seq)); }
+  std::span<T> output(int mb) {
+    slot& s = at(mb);
+    return s.resid.span().subspan(static_cast<std::size_t>(range_.layers()) * nd(s.batch, s.seq), nd(s.batch, s.seq));
+  }
+  std::span<T> output_grad(int mb) { return at(mb).dout.span(); }
+  std::span<T> input_grad(int mb) { return at(mb).din.span(); }
+
+  /// Runs this stage for micro-batch mb; the last stage returns its mean loss.
+  T forward(int mb, loom::tensor_view<const std::int32_t, loom::host, 2> tokens,
+            loom::tensor_view<const std::int32_t, loom::host, 2> targets) {
+    const index_t b = tokens.extent(0), s = tokens.extent(1), n = b * s, d = cfg_.dim;
+    LOOM_CHECK(b > 0 && s > 0 && s <= cfg_.seq_len, "llama3d::forward: batch [", b, ", ", s, "] (seq_len=", cfg_.seq_len, ")");
+    LOOM_CHECK(targets.shape() == tokens.shape() && tokens.is_contiguous() && targets.is_contiguous(),
+               "llama3d::forward: tokens and targets must be contiguous [batch, seq] of the same shape");
+    slot& sl = acquire(mb, b, s);
+    std::copy_n(tokens.data(), n, sl.tokens.data());
+    std::copy_n(targets.data(), n, sl.targets.data());
+    std::span<P> p = params();
+    if (first_stage()) tok_embeddings_.forward(*tp_, p, ids(sl.tokens, n), resid(sl, 0));
+    for (index_t l = 0; l < range_.layers(); ++l) run_block(sl, l);
+    if (!last_stage()) return T(0);
+    norm_.forward(p, resid(sl, range_.layers()), sl.xf.view(n, d), sl.rstdf.view());
+    ws_.reset();
+    output_.forward(*tp_, p, sl.xf.view(n, d), logits(sl), ws_);
+    return sl.loss->forward(*tp_, view2<const T>(logits(sl)), ids(sl.targets, n));
+  }
+
+  /// Adds d(dloss * loss)/d(params) for mb; fills input_grad(mb) on non-first stages.
+  void backward(int mb, T dloss = T(1)) {
+    slot& sl = at(mb);
+    const index_t n = sl.batch * sl.seq, d = cfg_.dim;
+    std::span<P> p = params();
+    std::span<T> g = grads();
+    if (dx_a_.size() != nd_(n, d)) dx_a_ = loom::buffer<T>(nd_(n, d), *mr_), dx_b_ = loom::buffer<T>(nd_(n, d), *mr_);
+    loom::buffer<T>*dcur = &dx_a_, *dnext = &dx_b_;
+    if (last_stage()) {
+      ws_.reset();
+      auto dlogits = ws_.take_zeroed(static_cast<std::size_t>(n * output_.local_out_features()));
+      auto dl = loom::make_view(dlogits.data(), n, output_.local_out_features());
+      sl.loss->backward(view2<const T>(logits(sl)), ids(sl.targets, n), dl, dloss);
+      auto dxf = ws_.take_zeroed(static_cast<std::size_t>(n * d));
+      output_.backward(*tp_, p, g, sl.xf.view(n, d), view2<const T>(dl), loom::make_view(dxf.data(), n, d), ws_);
+      std::fill(dcur->begin(), dcur->end(), T(0));
+      norm_.backward(p, g, loom::make_view(static_cast<const T*>(dxf.data()), n, d), resid(sl, range_.layers()), sl.rstdf.view(),
+                     dcur->view(n, d));
+    } else {
+      std::copy(sl.dout.begin(), sl.dout.end(), dcur->begin());
+    }
+    for (index_t l = range_.layers(); l-- > 0;) {
+      ws_.reset();
+      block_backward(sl, l, *dcur, *dnext);
+      std::swap(dcur, dnext);
+    }
+    if (first_stage()) tok_embeddings_.backward(g, ids(sl.tokens, n), view2<const T>(dcur->view(n, d)));
+    else std::copy(dcur->begin(), dcur->end(), sl.din.begin());
+  }
+
+  /// mb's activations are no longer needed (after its backward, and after input_grad was sent).
+  void release(int mb) {
+    auto it = live_.find(mb);
+    LOOM_CHECK(it != live_.end(), "llama3d::release: micro-batch ", mb, " is not in flight");
+    free_.push_back(it->second);
+    live_.erase(it);
+  }
+
+ private:
+  static bool ends_with(const std::string& s, std::string_view suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  }
+  static std::size_t nd_(index_t n, index_t d) { return static_cast<std::size_t>(n * d); }
+  std::size_t nd(index_t b, index_t s) const { return nd_(b * s, cfg_.dim); }
+
+  loom::nn::param_layout declare() {
+    loom::nn::param_layout L;
+    const llama::config& c = cfg_;
+    const T eps = T(c.norm_eps);
+    auto* sh = &shards_;
+    auto replicated = [&](const std::string& name, const loom::nn::param_slot<1>& s) {
+      tp::record(sh, name, s, s.shape[0], 1, 0, 0, t_.rank);
+    };
+    if (first_stage()) tok_embeddings_ = tp::vocab_parallel_embedding<T>(L, "tok_embeddings", c.vocab, c.dim, t_, sh);
+    const loom::nn::attention_config ac{c.dim, c.n_heads, c.n_kv_heads, c.seq_len, c.rope_theta, c.rope, {}, false};
+    for (index_t l = range_.first; l < range_.last; ++l) {
+      const std::string pre = "layers." + std::to_string(l) + ".";
+      block b;
+      b.attention_norm = loom::nn::rmsnorm<T>(L, pre + "attention_norm", c.dim, eps);
+      replicated(pre + "attention_norm.weight", b.attention_norm.weight());
+      b.attention = tp::parallel_attention<T>(L, pre + "attention", ac, t_, sh);
+      b.ffn_norm = loom::nn::rmsnorm<T>(L, pre + "ffn_norm", c.dim, eps);
+      replicated(pre + "ffn_norm.weight", b.ffn_norm.weight());
+      b.feed_forward = tp::parallel_swiglu_mlp<T>(L, pre + "feed_forward", c.dim, c.hidden_dim, t_, sh);
+      blocks_.push_back(std::move(b));
+    }
+    if (last_stage()) {
+      norm_ = loom::nn::rmsnorm<T>(L, "norm", c.dim, eps);
+      replicated("norm.weight", norm_.weight());
+      if (!c.tied_output) {
+        output_ = tp::column_parallel_linear<T>(L, "output", c.dim, c.vocab, t_, sh);
+      } else if (first_stage()) {
+        output_ = tp::column_parallel_linear<T>(tok_embeddings_.weight(), tok_embeddings_.first_token());
+      } else {  // the last stage's copy of its tok_embeddings shard
+        output_ = tp::column_parallel_linear<T>(L, "tok_embeddings", c.dim, c.vocab, t_, nullptr);
+        tp::record(sh, "tok_embeddings.weight", output_.local().weight(), c.vocab, c.dim, output_.first_output(), 0, 1);
+      }
+    }
+    return L;
+  }
+
+  template <class E, class F>
+  void store(std::span<const E> local, std::span<F> full) const {
+    tp::shard_list canon;
+    for (const auto& s : shards_)
+      if (s.replica == 0) canon.push_back(s);
+    tp::store_shards(canon, local, full, [&](const std::string& n) { return full_offset(n); });
+  }
+
+  slot& at(int mb) {
+    auto it = live_.find(mb);
+    LOOM_CHECK(it != live_.end(), "llama3d: micro-batch ", mb, " has no activations on stage ", stage_,
+               " (forward or input() first)");
+    return pool_[it->second];
+  }
+  // The slot of mb, taking (and if needed sizing) a free one when mb is new.
+  slot& acquire(int mb, index_t b, index_t s) {
+    if (auto it = live_.find(mb); it != live_.end()) {
+      LOOM_CHECK(pool_[it->second].batch == b && pool_[it->second].seq == s, "llama3d: micro-batch ", mb,
+                 " changed shape");
+      return pool_[it->second];
+    }
+    std::size_t k;
+    if (!free_.empty()) k = free_.back(), free_.pop_back();
+    else k = pool_.size(), pool_.emplace_back();
+    live_[mb] = k;
+    slot& sl = pool_[k];
+    if (sl.batch != b || sl.seq != s) make_slot(sl, b, s);
+    return sl;
+  }
+  void make_slot(slot& sl, index_t b, index_t s) {
+    auto& mr = *mr_;
+    const index_t n = b * s, d = cfg_.dim;
+    sl = slot{};
+    sl.batch = b, sl.seq = s;
+    sl.tokens = loom::buffer<std::int32_t>(n, mr);
+    sl.targets = loom::buffer<std::int32_t>(n, mr);
+    sl.resid = loom::buffer<T>(static_cast<std::size_t>(range_.layers() + 1) * nd_(n, d), mr);
+    for (index_t l = 0; l < range_.layers(); ++l)
+      sl.acts.push_back(block_acts{loom::buffer<T>(n * d, mr), loom::buffer<T>(n, mr), blocks_[0].attention.make_activations(b, s, mr),
+                                   loom::buffer<T>(n * d, mr), loom::buffer<T>(n * d, mr), loom::buffer<T>(n, mr),
+                                   blocks_[0].feed_forward.make_activations(n, mr)});
+    if (last_stage()) {
+      sl.xf = loom::buffer<T>(n * d, mr);
+      sl.rstdf = loom::buffer<T>(n, mr);
+      sl.logits = loom::buffer<T>(n * output_.local_out_features(), mr);
+      sl.loss = std::make_unique<tp::vocab_parallel_cross_entropy<T>>(cfg_.vocab, output_.first_output(),
+                                                                       loom::ops::cross_entropy_options{}, mr);
+    } else {
+      sl.dout = loom::buffer<T>(n * d, mr);
+    }
+    if (!first_stage()) sl.din = loom::buffer<T>(n * d, mr);
+  }
+
+  void run_block(slot& sl, index_t l) {
+    const index_t n = sl.batch * sl.seq, d = cfg_.dim;
+    const block& blk = blocks_[static_cast<std::size_t>(l)];
+    block_acts& a = sl.acts[static_cast<std::size_t>(l)];
+    std::span<P> p = params();
+    ws_.reset();
+    auto x = resid(sl, l), out = resid(sl, l + 1);
+    blk.attention_norm.forward(p, x, a.xn1.view(n, d), a.rstd1.view());
+    blk.attention.forward(*tp_, p, a.xn1.view(sl.batch, sl.seq, d), a.attn, a.h.view(sl.batch, sl.seq, d), ws_);
+    add(a.h.data(), x.data(), n * d);
+    blk.ffn_norm.forward(p, a.h.view(n, d), a.xn2.view(n, d), a.rstd2.view());
+    blk.feed_forward.forward(*tp_, p, a.xn2.view(n, d), a.mlp, out, ws_);
+    add(out.data(), a.h.data(), n * d);
+  }
+
+  void block_backward(slot& sl, index_t l, loom::buffer<T>& dout, loom::buffer<T>& dx) {
+    const index_t n = sl.batch * sl.seq, d = cfg_.dim, b = sl.batch, s = sl.seq;
+    const block& blk = blocks_[static_cast<std::size_t>(l)];
+    block_acts& a = sl.acts[static_cast<std::size_t>(l)];
+    std::span<P> p = params();
+    std::span<T> g = grads();
+    std::copy(dout.begin(), dout.end(), dx.begin());
+    auto dxn2 = ws_.take_zeroed(nd_(n, d));
+    blk.feed_forward.backward(*tp_, p, g, a.xn2.view(n, d), a.mlp, dout.view(n, d), loom::make_view(dxn2.data(), n, d), ws_);
+    blk.ffn_norm.backward(p, g, loom::make_view(static_cast<const T*>(dxn2.data()), n, d), a.h.view(n, d), a.rstd2.view(), dx.view(n, d));
+    auto dh = ws_.take(nd_(n, d));
+    std::copy(dx.begin(), dx.end(), dh.begin());
+    auto dxn1 = ws_.take_zeroed(nd_(n, d));
+    blk.attention.backward(*tp_, p, g, a.xn1.view(b, s, d), a.attn, loom::make_view(static_cast<const T*>(dh.data()), b, s, d),
+                           loom::make_view(dxn1.data(), b, s, d), ws_);
+    blk.attention_norm.backward(p, g, loom::make_view(static_cast<const T*>(dxn1.data()), n, d), resid(sl, l), a.rstd1.view(),
+                                dx.view(n, d));
+  }
+
+  static void add(T* LOOM_RESTRICT y, const T* LOOM_RESTRICT x, index_t n) {
+    LOOM_SIMD
+    for (index_t i = 0; i < n; ++i) y[i] += x[i];
+  }
+  view2<T> resid(slot& sl, index_t l) {
+    const index_t n = sl.batch * sl.seq;
+    return loom::make_view(sl.resid.data() + l * n * cfg_.dim, n, cfg_.dim);
+  }
+  view2<T> logits(slot& sl) { return sl.logits.view(sl.batch * sl.seq, output_.local_out_features()); }
+  static loom::tensor_view<const std::int32_t, loom::host, 1> ids(const loom::buffer<std::int32_t>& b, index_t n) {
+    return loom::make_view(b.data(), n);
+  }
+
+  llama::config cfg_;
+  C* tp_;
+  tp::tp_rank t_;
+  int stage_, stages_;
+  stage_range range_;
+  loom::memory_resource* mr_;
+  tp::shard_list shards_;
+  tp::vocab_parallel_embedding<T> tok_embeddings_;
+  std::vector<block> blocks_;
+  loom::nn::rmsnorm<T> norm_;
+  tp::column_parallel_linear<T> output_;
+  loom::nn::param_layout layout_;
+  std::size_t size_;
+  loom::buffer<P> params_;
+  loom::buffer<T> grads_;
+  std::map<std::string, std::size_t> full_offset_;
+  loom::nn::workspace<T> ws_;
+  loom::buffer<T> dx_a_, dx_b_;
+  std::vector<slot> pool_;
+  std::vector<std::size_t> free_;
+  std::map<int, std::size_t> live_;
+};
+
+}  // namespace llama3d

@@ -1,0 +1,183 @@
+#pragma once
+// Tensor-parallel self-attention: the heads are split across the tensor group.
+//
+//   rank r: query heads [r*H/tp, (r+1)*H/tp) -> wq rows (column-parallel), wo columns
+//   (row-parallel); key/value heads:
+//     KV >= tp: KV/tp heads per rank, the ones its query heads attend to (KV % tp == 0);
+//     KV <  tp: (tp % KV == 0) each rank holds a replica of the ONE key/value head its query
+//               heads use; the tp/KV replicas' partial gradients are summed in backward so
+//               the replicas stay identical. Other splits are refused with a loom::error.
+//   forward:  f (identity), local q/k/v, rope, attention over the local heads, local wo,
+//             g (all-reduce of y)
+//   backward: g' (identity), local backward, f' (all-reduce of dx)
+// The math of each rank is the single-rank layer's (ops::attention_*, nn::rotary, nn::linear).
+
+#include <loom/comm/communicator.hpp>
+#include <loom/core/buffer.hpp>
+#include <loom/nn/attention.hpp>
+#include <loom/nn/linear.hpp>
+#include <loom/nn/rotary.hpp>
+#include <loom/nn/tp/linear.hpp>
+#include <loom/nn/tp/shard.hpp>
+#include <loom/nn/workspace.hpp>
+#include <loom/ops/host/attention.hpp>
+
+#include <algorithm>
+#include <string>
+
+namespace loom::nn::tp {
+
+/// How the heads of an attention_config are split over tp ranks (throws naming a bad split).
+struct head_split {
+  index_t heads = 0, kv_heads = 0;  ///< local counts
+  index_t first_head = 0, first_kv_head = 0;
+  int kv_replicas = 1;              ///< ranks holding the same key/value head (KV < tp)
+
+  static head_split make(const attention_config& c, tp_rank t) {
+    t.validate();
+    LOOM_CHECK(c.n_heads % t.size == 0, "nn::tp::attention: n_heads (", c.n_heads,
+               ") must be divisible by the tensor-parallel size tp=", t.size);
+    head_split s;
+    s.heads = c.n_heads / t.size;
+    s.first_head = s.heads * t.rank;
+    if (c.n_kv_heads >= t.size) {
+      LOOM_CHECK(c.n_kv_heads % t.size == 0, "nn::tp::attention: n_kv_heads (", c.n_kv_heads,
+                 ") must be divisible by the tensor-parallel size tp=", t.size, " (or divide it, to be replicated)");
+      s.kv_heads = c.n_kv_heads / t.size;
+      s.first_kv_head = s.kv_heads * t.rank;
+    } else {
+      LOOM_CHECK(t.size % c.n_kv_heads == 0, "nn::tp::attention: n_kv_heads (", c.n_kv_heads,
+                 ") < tp=", t.size, " must divide tp so each rank replicates one key/value head");
+      s.kv_heads = 1;
+      s.kv_replicas = t.size / int(c.n_kv_heads);
+      s.first_kv_head = t.rank / s.kv_replicas;
+    }
+    return s;
+  }
+};
+
+template <compute_type T>
+class parallel_attention {
+ public:
+  using activations = typename attention<T>::activations;
+
+  parallel_attention() = default;
+  parallel_attention(param_layout& layout, const std::string& name, const attention_config& c, tp_rank t,
+                     shard_list* shards = nullptr)
+      : cfg_((c.validate(), c)), split_(head_split::make(c, t)), tp_(t) {
+    LOOM_CHECK(!c.bias, "nn::tp::parallel_attention: biases are not supported");
+    const index_t hd = c.head_dim(), d = c.dim;
+    wq_ = linear<T>(layout, name + ".wq", d, split_.heads * hd);
+    wk_ = linear<T>(layout, name + ".wk", d, split_.kv_heads * hd);
+    wv_ = linear<T>(layout, name + ".wv", d, split_.kv_heads * hd);
+    wo_ = linear<T>(layout, name + ".wo", split_.heads * hd, d);
+    record(shards, name + ".wq.weight", wq_.weight(), c.n_heads * hd, d, split_.first_head * hd, 0);
+    const int replica = t.rank % split_.kv_replicas;
+    record(shards, name + ".wk.weight", wk_.weight(), c.n_kv_heads * hd, d, split_.first_kv_head * hd, 0, replica);
+    record(shards, name + ".wv.weight", wv_.weight(), c.n_kv_heads * hd, d, split_.first_kv_head * hd, 0, replica);
+    record(shards, name + ".wo.weight", wo_.weight(), d, c.n_heads * hd, 0, split_.first_head * hd);
+    rope_ = rotary<T>(c.max_seq, hd, c.rope_theta, c.rope);
+  }
+
+  const attention_config& config() const noexcept { return cfg_; }
+  const head_split& split() const noexcept { return split_; }
+
+  activations make_activations(index_t batch, index_t seq, memory_resource& mr = default_resource<host>()) const {
+    const index_t n = batch * seq, hd = cfg_.head_dim();
+    return {batch, seq, buffer<T>(n * split_.heads * hd, mr), buffer<T>(n * split_.kv_heads * hd, mr),
+            buffer<T>(n * split_.kv_heads * hd, mr), buffer<T>(batch * split_.heads * seq * seq, mr),
+            buffer<T>(n * split_.heads * hd, mr)};
+  }
+
+  /// y [batch, seq, dim] = attention(x) summed over the tensor group; y overwritten, contiguous.
+  template <comm::communicator C, class P>
+  void forward(C& tp, std::span<P> params, in_view<T, 3> x, activations& a, tensor_view<T, host, 3> y,
+               workspace<T>& ws) const {
+    const index_t b = x.extent(0), s = x.extent(1), n = b * s;
+    check(x, a);
+    auto x2 = x.template reshape<2>({n, cfg_.dim});
+    wq_.forward(params, x2, a.q.view(n, wq_.out_features()), ws);
+    wk_.forward(params, x2, a.k.view(n, wk_.out_features()), ws);
+    wv_.forward(params, x2, a.v.view(n, wv_.out_features()), ws);
+    rope_.forward(q4(a));
+    rope_.forward(kv4(a, a.k));
+    ops::attention_forward(host{}, q4(a), kv4(a, a.k), kv4(a, a.v), a.out.view(b, s, split_.heads, cfg_.head_dim()),
+                           a.probs.view(b, split_.heads, s, s), cfg_.mask);
+    wo_.forward(params, a.out.view(n, wo_.in_features()), y.template reshape<2>({n, cfg_.dim}), ws);
+    reduce_from_tensor_parallel_forward(tp, std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
+  }
+
+  /// dx += d/dx (summed over the group); parameter gradients of this rank's shard added.
+  template <comm::communicator C, class P>
+  void backward(C& tp, std::span<P> params, std::span<T> grads, in_view<T, 3> x, const activations& a, in_view<T, 3> dy,
+                tensor_view<T, host, 3> dx, workspace<T>& ws) const {
+    const index_t b = x.extent(0), s = x.extent(1), n = b * s, hd = cfg_.head_dim();
+    check(x, a);
+    auto x2 = x.template reshape<2>({n, cfg_.dim});
+    // replicated key/value heads: remember the gradients so far, sum only this call's part
+    const std::size_t kvn = wk_.weight().numel();
+    std::span<T> kv_before;
+    if (split_.kv_replicas > 1) {
+      kv_before = ws.take(2 * kvn);
+      std::copy_n(wk_.weight().in(grads).data(), kvn, kv_before.data());
+      std::copy_n(wv_.weight().in(grads).data(), kvn, kv_before.data() + kvn);
+    }
+    auto dout = ws.take_zeroed(n * split_.heads * hd);
+    wo_.backward(params, grads, make_view(a.out.data(), n, wo_.in_features()), dy.template reshape<2>({n, cfg_.dim}),
+                 make_view(dout.data(), n, wo_.in_features()), ws);
+    auto dq = ws.take_zeroed(a.q.size()), dk = ws.take_zeroed(a.k.size()), dv = ws.take_zeroed(a.v.size());
+    auto scratch = ws.take(s * s);
+    auto dq4 = make_view(dq.data(), b, s, split_.heads, hd), dk4 = make_view(dk.data(), b, s, split_.kv_heads, hd);
+    ops::attention_backward(host{}, make_view(dout.data(), b, s, split_.heads, hd), q4(a), kv4(a, a.k), kv4(a, a.v),
+                            make_view(a.probs.data(), b, split_.heads, s, s), dq4, dk4,
+                            make_view(dv.data(), b, s, split_.kv_heads, hd), make_view(scratch.data(), s, s));
+    rope_.backward(dq4);
+    rope_.backward(dk4);
+    auto part = ws.take_zeroed(static_cast<std::size_t>(n * cfg_.dim));  // this rank's part of dx
+    auto dx2 = make_view(part.data(), n, cfg_.dim);
+    wq_.backward(params, grads, x2, make_view(dq.data(), n, wq_.out_features()), dx2, ws);
+    wk_.backward(params, grads, x2, make_view(dk.data(), n, wk_.out_features()), dx2, ws);
+    wv_.backward(params, grads, x2, make_view(dv.data(), n, wv_.out_features()), dx2, ws);
+    if (split_.kv_replicas > 1) sum_kv_replicas(tp, grads, kv_before, ws);
+    copy_to_tensor_parallel_backward(tp, part.subspan(0, static_cast<std::size_t>(n * cfg_.dim)));
+    add_into(dx.template reshape<2>({n, cfg_.dim}), std::span<const T>(part.data(), static_cast<std::size_t>(n * cfg_.dim)));
+  }
+
+ private:
+  // Every rank puts this call's wk/wv gradient into its head's slot of [KV, 2, kvn], the
+  // group sums, and each rank adds back its head's total: replicas get the same gradient.
+  template <comm::communicator C>
+  void sum_kv_replicas(C& tp, std::span<T> grads, std::span<const T> before, workspace<T>& ws) const {
+    const std::size_t kvn = wk_.weight().numel(), KV = static_cast<std::size_t>(cfg_.n_kv_heads);
+    auto all = ws.take_zeroed(KV * 2 * kvn);
+    T* gk = wk_.weight().in(grads).data();
+    T* gv = wv_.weight().in(grads).data();
+    T* mine = all.data() + static_cast<std::size_t>(split_.first_kv_head) * 2 * kvn;
+    for (std::size_t i = 0; i < kvn; ++i) mine[i] = gk[i] - before[i], mine[kvn + i] = gv[i] - before[kvn + i];
+    tp.all_reduce(std::span<const T>(all.data(), KV * 2 * kvn), all.subspan(0, KV * 2 * kvn), comm::reduce_op::sum);
+    for (std::size_t i = 0; i < kvn; ++i) gk[i] = before[i] + mine[i], gv[i] = before[kvn + i] + mine[kvn + i];
+  }
+  void check(const in_view<T, 3>& x, const activations& a) const {
+    LOOM_CHECK(x.extent(2) == cfg_.dim, "nn::tp::parallel_attention: input has ", x.extent(2), " features, expected dim=",
+               cfg_.dim);
+    LOOM_CHECK(x.extent(0) == a.batch && x.extent(1) == a.seq, "nn::tp::parallel_attention: input is [", x.extent(0),
+               ", ", x.extent(1), ", ...] but the activations were made for batch=", a.batch, ", seq=", a.seq);
+    LOOM_CHECK(a.seq <= rope_.max_seq(), "nn::tp::parallel_attention: seq=", a.seq, " exceeds max_seq=", rope_.max_seq());
+  }
+  template <class A>
+  auto q4(A& a) const {
+    return make_view(a.q.data(), a.batch, a.seq, split_.heads, cfg_.head_dim());
+  }
+  template <class A, class B>
+  auto kv4(A& a, B& kv) const {
+    return make_view(kv.data(), a.batch, a.seq, split_.kv_heads, cfg_.head_dim());
+  }
+
+  attention_config cfg_{};
+  head_split split_{};
+  tp_rank tp_{};
+  linear<T> wq_, wk_, wv_, wo_;
+  rotary<T> rope_;
+};
+
+}  // namespace loom::nn::tp

@@ -1,0 +1,136 @@
+// The LLaMA cut over tp x pp thread ranks against the single-rank llama::model (same seed:
+// the same parameters), and 3D training runs against the (1,1,1) run.
+#include <llama/model/llama.hpp>
+#include <llama/model3d/llama3d.hpp>
+#include <llama/train3d/train3d.hpp>
+
+#include <loom/comm/mesh.hpp>
+#include <loom/comm/thread_comm.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <vector>
+
+using loom::index_t;
+using loom::comm::thread_comm;
+
+namespace {
+
+llama::config small(bool tied = false) {
+  llama::config c;
+  c.dim = 32, c.n_layers = 3, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 64, c.vocab = 32, c.seq_len = 8;
+  c.tied_output = tied;
+  return c;
+}
+
+std::vector<std::int32_t> ids(index_t n, std::uint64_t salt, index_t vocab) {
+  std::vector<std::int32_t> v(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7 + salt * 13 + i * i) % vocab);
+  return v;
+}
+
+double max_diff(std::span<const double> a, std::span<const double> b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("full_layout is llama::model's layout") {
+  for (bool tied : {false, true}) {
+    const auto c = small(tied);
+    llama::model<float> m(c);
+    const auto L = llama3d::full_layout(c);
+    REQUIRE(L.entries().size() == m.layout().entries().size());
+    CHECK(L.size() == m.layout().size());
+    for (std::size_t i = 0; i < L.entries().size(); ++i) {
+      CHECK(L.entries()[i].name == m.layout().entries()[i].name);
+      CHECK(L.entries()[i].offset == m.layout().entries()[i].offset);
+      CHECK(L.entries()[i].shape == m.layout().entries()[i].shape);
+    }
+  }
+}
+
+TEST_CASE("tensor x pipeline LLaMA: loss and gradients equal llama::model") {
+  const index_t b = 2, s = 6, n = b * s;
+  const int m = 2;  // micro-batches
+  struct shape { int tp, pp; bool tied; };
+  for (shape sh : {shape{1, 1, false}, shape{2, 1, false}, shape{4, 1, false}, shape{1, 2, false}, shape{2, 2, false},
+                   shape{1, 3, false}, shape{2, 1, true}, shape{4, 1, true}}) {
+    CAPTURE(sh.tp);
+    CAPTURE(sh.pp);
+    CAPTURE(sh.tied);
+    const auto c = small(sh.tied);
+    llama::model<double, double> full(c);
+    full.init(42);
+    full.zero_grad();
+    double loss = 0;
+    for (int k = 0; k < m; ++k) {
+      auto tok = ids(n, 2 * k, c.vocab), tgt = ids(n, 2 * k + 1, c.vocab);
+      loss += full.forward(loom::make_view(static_cast<const std::int32_t*>(tok.data()), b, s), loom::make_view(static_cast<const std::int32_t*>(tgt.data()), b, s)) / m;
+      full.backward(1.0 / m);
+    }
+    std::vector<double> err(static_cast<std::size_t>(sh.tp * sh.pp), 0), param_err(err.size(), 0);
+    std::vector<double> losses(err.size(), 0);
+    loom::comm::run_ranks(sh.tp * sh.pp, [&](thread_comm& world) {
+      loom::comm::mesh<thread_comm> mesh(world, 1, sh.tp, sh.pp);
+      llama3d::stage_model<double, double, thread_comm> st(c, mesh.tp(), mesh.coord().pp, sh.pp);
+      st.init(42);
+      double l = 0;
+      for (int k = 0; k < m; ++k) {  // a sequential pipeline: forward through the stages, then backward
+        auto tok = ids(n, 2 * k, c.vocab), tgt = ids(n, 2 * k + 1, c.vocab);
+        if (!st.first_stage()) mesh.pp().recv(st.input(k, b, s), mesh.prev_stage(), k);
+        l += st.forward(k, loom::make_view(static_cast<const std::int32_t*>(tok.data()), b, s), loom::make_view(static_cast<const std::int32_t*>(tgt.data()), b, s)) / m;
+        if (!st.last_stage()) {
+          mesh.pp().send(std::span<const double>(st.output(k)), mesh.next_stage(), k);
+          mesh.pp().recv(st.output_grad(k), mesh.next_stage(), 100 + k);
+        }
+        st.backward(k, 1.0 / m);
+        if (!st.first_stage()) mesh.pp().send(std::span<const double>(st.input_grad(k)), mesh.prev_stage(), 100 + k);
+        st.release(k);
+      }
+      const auto r = static_cast<std::size_t>(world.rank());
+      losses[r] = st.last_stage() ? l : loss;
+      const auto off = [&](const std::string& nm) { return full.layout().find(nm).offset; };
+      std::vector<double> want(st.size(), 0), wantp(st.size(), 0);
+      loom::nn::tp::load_shards(st.shards(), std::span<const double>(full.grads()), std::span<double>(want), off);
+      loom::nn::tp::load_shards(st.shards(), std::span<const double>(full.params()), std::span<double>(wantp), off);
+      err[r] = max_diff(want, st.grads());
+      param_err[r] = max_diff(wantp, std::span<const double>(st.params()));
+    });
+    for (std::size_t r = 0; r < err.size(); ++r) {
+      CAPTURE(r);
+      CHECK(param_err[r] == 0.0);  // the same counter-RNG values
+      CHECK(std::abs(losses[r] - loss) < 1e-12);
+      CHECK(err[r] < 1e-12);
+    }
+  }
+}
+
+TEST_CASE("bad meshes and splits are refused with an error naming them") {
+  loom::comm::run_ranks(1, [](thread_comm& w) {
+    auto c = small();
+    c.n_heads = 4, c.n_kv_heads = 4;
+    CHECK_THROWS_WITH_AS((llama3d::stage_model<float, float, thread_comm>(c, w, 0, 4)),
+                         doctest::Contains("n_layers (3) must be >= pp (4)"), loom::error);
+    llama3d::train_options o;
+    o.mesh = {2, 1, 1};
+    CHECK_THROWS_WITH_AS((llama3d::trainer<float, float, thread_comm>(w, c, o, loom::default_resource<loom::host>())),
+                         doctest::Contains("must equal the world size 1"), loom::error);
+    o.mesh = {1, 1, 1};
+    o.schedule = "interleaved";
+    CHECK_THROWS_WITH_AS((llama3d::trainer<float, float, thread_comm>(w, c, o, loom::default_resource<loom::host>())),
+                         doctest::Contains("schedule 'interleaved' is not supported"), loom::error);
+  });
+  loom::comm::run_ranks(4, [](thread_comm& w) {
+    auto c = small();
+    c.n_heads = 6, c.dim = 36, c.n_kv_heads = 6;
+    CHECK_THROWS_WITH_AS((llama3d::stage_model<float, float, thread_comm>(c, w, 0, 1)),
+                         doctest::Contains("n_heads (6) must be divisible by tp (4)"), loom::error);
+  });
+}
