@@ -139,6 +139,8 @@ class trainer {
   stage_model<P, T, C>& model() noexcept { return model_; }
   const loom::pipeline::schedule& schedule() const noexcept { return sched_; }
   std::int64_t steps() const noexcept { return step_; }
+  /// The learning rate of the next step (a schedule sets it before each step).
+  void set_lr(float lr) { opt_.adamw.lr = lr; }
 
   /// One optimizer step over dp * m micro-batches from `data`.
   step_stats step(const batch_fn& data) {
