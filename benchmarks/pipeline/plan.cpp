@@ -6,17 +6,23 @@
 //
 // Exit status: 0 when the schedule is proven, 1 when the simulator finds a problem, 2 on bad
 // arguments (with the usage line).
+#include <loom/comm/thread_comm.hpp>
+#include <loom/pipeline/executor.hpp>
 #include <loom/pipeline/render.hpp>
 #include <loom/pipeline/schedule.hpp>
 #include <loom/pipeline/simulate.hpp>
 
+#include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <vector>
 
 namespace lp = loom::pipeline;
 
@@ -25,14 +31,17 @@ namespace {
 constexpr const char* usage =
     "usage: loom-pipeline-plan --schedule gpipe|1f1b|interleaved -p STAGES -m MICROBATCHES [-v CHUNKS]\n"
     "                          [--fwd-cost F] [--bwd-cost B] [--comm-cost C] [--svg FILE [--svg-scale PX]]\n"
-    "                          [--ops] [--help]\n"
+    "                          [--ops] [--execute MS [--activation N] [--steps S]] [--help]\n"
     "  builds the schedule, proves it deadlock-free under blocking send/recv, prints its timeline,\n"
     "  total time, bubble fraction and peak in-flight activations per stage.\n"
     "  -v            model chunks per stage (interleaved only; m must be a multiple of p), default 2\n"
     "  --fwd-cost F  forward cost of a micro-batch through one stage (default 1; a chunk costs F/v)\n"
     "  --bwd-cost B  backward cost (default 2); --comm-cost C: one send/recv transfer (default 0)\n"
     "  --svg FILE    also write the timeline as SVG (--svg-scale: pixels per time unit)\n"
-    "  --ops         print every stage's op list\n";
+    "  --ops         print every stage's op list\n"
+    "  --execute MS  also run the plan with the executor on p thread ranks (thread_comm), each pass\n"
+    "                sleeping its cost x MS milliseconds and moving N floats per transfer (--activation,\n"
+    "                default 65536); prints the measured step time (best of --steps, default 5)\n";
 
 struct bad_args {
   std::string what;
@@ -53,12 +62,45 @@ double to_double(std::string_view flag, std::string_view s) {
   return v;
 }
 
+// A stage whose passes only sleep for their cost: measures what the executor and the
+// communicator add to the schedule's own time.
+struct sleeping_stage {
+  double forward_ms, backward_ms;
+  void forward(int, int, std::span<const float>, std::span<float> out) {
+    if (!out.empty()) out[0] = 1.0f;
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(forward_ms));
+  }
+  void backward(int, int, std::span<const float>, std::span<const float>, std::span<float>) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(backward_ms));
+  }
+};
+
+// Best-of-`steps` wall time in milliseconds of one step of `s` on thread ranks.
+double execute(const lp::schedule& s, const lp::op_costs& costs, double ms, std::size_t activation, int steps) {
+  double best = 1e300;
+  loom::comm::run_ranks(s.stages, [&](loom::comm::thread_comm& c) {
+    lp::executor<float, loom::comm::thread_comm> ex(s, c, activation);
+    sleeping_stage model{costs.forward * ms / s.chunks, costs.backward * ms / s.chunks};
+    for (int i = 0; i < steps; ++i) {
+      c.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      ex.run(model);
+      c.barrier();
+      const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (c.rank() == 0) best = std::min(best, t);
+    }
+  });
+  return best;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string kind, svg_path;
   int p = 0, m = 0, v = 2;
   bool have_v = false, list_ops = false;
+  double execute_ms = 0;
+  int steps = 5, activation = 65536;
   lp::op_costs costs;
   lp::svg_options svg;
   try {
@@ -83,10 +125,15 @@ int main(int argc, char** argv) {
       else if (a == "--comm-cost") costs.communication = to_double(a, val);
       else if (a == "--svg") svg_path = val;
       else if (a == "--svg-scale") svg.px_per_time = to_double(a, val);
+      else if (a == "--execute") execute_ms = to_double(a, val);
+      else if (a == "--activation") activation = to_int(a, val);
+      else if (a == "--steps") steps = to_int(a, val);
       else throw bad_args{"unknown argument '" + std::string(a) + "'"};
     }
     if (kind.empty()) throw bad_args{"--schedule is required"};
     if (p == 0 || m == 0) throw bad_args{"-p and -m are required"};
+    if (execute_ms < 0 || activation < 1 || steps < 1)
+      throw bad_args{"--execute must be >= 0, --activation and --steps >= 1"};
     if (have_v && kind != "interleaved") throw bad_args{"-v applies to --schedule interleaved only"};
     lp::schedule s;
     if (kind == "gpipe") s = lp::gpipe(p, m);
@@ -114,6 +161,13 @@ int main(int argc, char** argv) {
       f << lp::render_svg(r, svg);
       if (!f) throw loom::error("cannot write --svg file '" + svg_path + "'");
       std::cout << "wrote " << svg_path << '\n';
+    }
+    if (r.ok() && execute_ms > 0) {
+      const double t = execute(s, costs, execute_ms, static_cast<std::size_t>(activation), steps);
+      std::printf("executed on %d thread ranks (thread_comm), 1 time unit = %g ms, %d floats per transfer:\n"
+                  "  measured step %.2f ms, simulated %.2f ms, overhead %.1f%% (best of %d steps)\n",
+                  s.stages, execute_ms, activation, t, r.total_time * execute_ms,
+                  100.0 * (t / (r.total_time * execute_ms) - 1.0), steps);
     }
     return r.ok() ? 0 : 1;
   } catch (const bad_args& e) {

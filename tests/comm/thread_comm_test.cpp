@@ -272,3 +272,22 @@ TEST_CASE("thread_comm: bad arguments are refused by name") {
   CHECK_THROWS_WITH_AS(c.split(-1, 0), doctest::Contains("color=-1"), loom::error);
   CHECK_THROWS_WITH_AS(run_ranks(0, [](thread_comm&) {}), doctest::Contains("n=0"), loom::error);
 }
+
+TEST_CASE("thread_comm fault: a rank that throws with async work still queued does not hang its peers") {
+  for (const bool use_split : {false, true}) {
+    CAPTURE(use_split);
+    CHECK_THROWS_WITH_AS(run_ranks(2,
+                                   [&](thread_comm& c) {
+                                     std::vector<float> v(4, 1.0f);
+                                     thread_comm sub = use_split ? c.split(0, 0) : thread_comm();
+                                     thread_comm& target = use_split ? sub : c;
+                                     if (c.rank() == 0) {
+                                       auto w = target.all_reduce_async(std::span<const float>(v), std::span<float>(v));
+                                       throw std::runtime_error("boom with work queued");
+                                     }
+                                     float x = 0;
+                                     c.recv(std::span<float>(&x, 1), 0, 1);  // never sent: must fail, not hang
+                                   }),
+                         "boom with work queued", std::runtime_error);
+  }
+}

@@ -193,6 +193,9 @@ TEST_CASE("wrong dependency order, duplicates and missing ops are reported") {
     s.ops[1][1].microbatch = 7;
     s.ops[2].insert(s.ops[2].begin(), lp::op{K::send_activation, 0, 0, 0});
     const lp::simulation r = lp::simulate(s);
+    CHECK(r.per_stage.empty());  // not simulated: nothing to measure
+    CHECK(r.bubble_fraction() == 0.0);
+    CHECK_THROWS_AS(r.bubble_fraction(0), loom::error);
     CHECK(any_problem_contains(r, "stage 0, op #1 send_activation(mb 0, chunk 0, to stage 2): peer should be stage 1"));
     CHECK(any_problem_contains(r, "micro-batch out of range [0, 2)"));
     CHECK(any_problem_contains(r, "virtual stage 2 has no next virtual stage"));

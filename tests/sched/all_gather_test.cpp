@@ -5,7 +5,7 @@
 #include <loom/sched/all_gather_plan.hpp>
 #include <loom/sched/all_gather_scheduler.hpp>
 
-#include "../zero/support/local_comm.hpp"
+#include <loom/comm/thread_comm.hpp>
 
 #include <doctest/doctest.h>
 
@@ -164,16 +164,31 @@ struct recording_observer : loom::sched::gather_observer {
 
 // Wraps a communicator and logs which parameter each all_gather fetches (by shard offset).
 template <class C>
-struct logging_comm : C {
+struct logging_comm {
+  C* c;
   std::vector<std::size_t>* log = nullptr;
   const float* shard_base = nullptr;
+  int rank() const { return c->rank(); }
+  int size() const { return c->size(); }
   template <class T>
   loom::comm::work all_gather_async(std::span<const T> in, std::span<T> out) {
     log->push_back(static_cast<std::size_t>(in.data() - shard_base));
-    return C::all_gather_async(in, out);
+    return c->all_gather_async(in, out);
   }
+  template <class T> void all_gather(std::span<const T> in, std::span<T> out) { c->all_gather(in, out); }
+  template <class T> void reduce_scatter(std::span<const T> in, std::span<T> out, loom::comm::reduce_op op) { c->reduce_scatter(in, out, op); }
+  template <class T> void all_reduce(std::span<const T> in, std::span<T> out, loom::comm::reduce_op op) { c->all_reduce(in, out, op); }
+  template <class T> void broadcast(std::span<T> b, int root) { c->broadcast(b, root); }
+  template <class T> void send(std::span<const T> in, int p, int t) { c->send(in, p, t); }
+  template <class T> void recv(std::span<T> out, int p, int t) { c->recv(out, p, t); }
+  void barrier() { c->barrier(); }
+  template <class T> loom::comm::work reduce_scatter_async(std::span<const T> in, std::span<T> out, loom::comm::reduce_op op) { return c->reduce_scatter_async(in, out, op); }
+  template <class T> loom::comm::work all_reduce_async(std::span<const T> in, std::span<T> out, loom::comm::reduce_op op) { return c->all_reduce_async(in, out, op); }
+  template <class T> loom::comm::work send_async(std::span<const T> in, int p, int t) { return c->send_async(in, p, t); }
+  template <class T> loom::comm::work recv_async(std::span<T> out, int p, int t) { return c->recv_async(out, p, t); }
   logging_comm split(int, int) { LOOM_THROW("logging_comm: split unsupported"); }
 };
+static_assert(loom::comm::communicator<logging_comm<loom::comm::thread_comm>>);
 
 }  // namespace
 
@@ -187,8 +202,8 @@ TEST_CASE("all_gather scheduler: values, order, prefetch depth, live cap, releas
     std::vector<float> full(lay.padded_total(), 0.f);
     for (std::size_t p = 0; p < lay.params(); ++p)
       for (std::size_t i = 0; i < lay.numel(p); ++i) full[lay.offset(p) + i] = float(1000 * p + i);
-    loom::test::run_ranks(world, [&](loom::test::local_comm& c0) {
-      logging_comm<loom::test::local_comm> c{c0};
+    loom::comm::run_ranks(world, [&](loom::comm::thread_comm& c0) {
+      logging_comm<loom::comm::thread_comm> c{&c0};
       const std::size_t r = static_cast<std::size_t>(c.rank());
       loom::host_memory_resource scratch("scratch");
       std::vector<float> shard(lay.shard_total());
@@ -200,7 +215,7 @@ TEST_CASE("all_gather scheduler: values, order, prefetch depth, live cap, releas
       c.shard_base = shard.data();
       recording_observer obs;
       {
-        all_gather_scheduler<float, logging_comm<loom::test::local_comm>> s(c, lay, plan_all_gather(lay, o), scratch);
+        all_gather_scheduler<float, logging_comm<loom::comm::thread_comm>> s(c, lay, plan_all_gather(lay, o), scratch);
         s.set_observer(&obs);
         CHECK(scratch.current_bytes() == s.plan().arena_numel * sizeof(float));
         std::vector<float*> ptrs(lay.params(), nullptr);

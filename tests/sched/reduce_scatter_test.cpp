@@ -3,7 +3,7 @@
 // gradients; buckets launch as soon as their last layer's backward is done.
 #include <loom/sched/reduce_scatter_scheduler.hpp>
 
-#include "../zero/support/local_comm.hpp"
+#include <loom/comm/thread_comm.hpp>
 
 #include <doctest/doctest.h>
 
@@ -30,13 +30,13 @@ TEST_CASE("reduce_scatter scheduler: sums match the naive reduction in every mod
             for (std::size_t r = 0; r < std::size_t(world); ++r)
               for (std::size_t p = 0; p < lay.params(); ++p)
                 for (std::size_t i = 0; i < numel[p]; ++i) sum[lay.offset(p) + i] += grad_value(r, p, i);
-            loom::test::run_ranks(world, [&](loom::test::local_comm& c) {
+            loom::comm::run_ranks(world, [&](loom::comm::thread_comm& c) {
               const std::size_t r = static_cast<std::size_t>(c.rank());
               loom::host_memory_resource scratch("scratch");
               std::vector<float> full(mode == reduce_mode::all_reduce ? lay.padded_total() : 0);
               std::vector<float> shard(mode == reduce_mode::reduce_scatter ? lay.shard_total() : 0);
               reduce_options o{bucket_numel, overlap, contiguous, mode};
-              reduce_scatter_scheduler<float, loom::test::local_comm> s(c, lay, o, scratch, full, shard);
+              reduce_scatter_scheduler<float, loom::comm::thread_comm> s(c, lay, o, scratch, full, shard);
               for (int iter = 0; iter < 2; ++iter) {
                 for (std::size_t l = lay.layers(); l-- > 0;) {
                   std::span<float> g = s.layer_gradients(l);
@@ -73,11 +73,11 @@ TEST_CASE("reduce_scatter scheduler: sums match the naive reduction in every mod
 TEST_CASE("reduce_scatter scheduler: bucket sizes follow reduce_bucket_size over layers") {
   const std::vector<std::size_t> numel{40, 6, 50, 9, 12, 30, 3};
   const std::vector<std::size_t> layer_of{0, 0, 1, 1, 2, 3, 3};
-  loom::test::run_ranks(2, [&](loom::test::local_comm& c) {
+  loom::comm::run_ranks(2, [&](loom::comm::thread_comm& c) {
     const layer_layout lay(numel, layer_of, 2);  // padded layers: 46, 60, 12, 34
     loom::host_memory_resource scratch("scratch");
     std::vector<float> shard(lay.shard_total());
-    reduce_scatter_scheduler<float, loom::test::local_comm> s(c, lay, {64, true, true, reduce_mode::reduce_scatter}, scratch,
+    reduce_scatter_scheduler<float, loom::comm::thread_comm> s(c, lay, {64, true, true, reduce_mode::reduce_scatter}, scratch,
                                                               {}, shard);
     // backward order 34, 12, 60, 46 -> {34, 12}, {60}, {46}
     REQUIRE(s.plan().buckets.size() == 3);

@@ -6,7 +6,7 @@
 #include <loom/zero/partitioned_tensor.hpp>
 #include <loom/zero/stage.hpp>
 
-#include "support/local_comm.hpp"
+#include <loom/comm/thread_comm.hpp>
 
 #include <doctest/doctest.h>
 
@@ -40,9 +40,9 @@ TEST_CASE("partitioned_tensor: each rank holds 1/N, gather restores the tensor, 
     const std::size_t n = 1001;
     std::vector<float> full(n);
     for (std::size_t i = 0; i < n; ++i) full[i] = float(i) * 0.5f - 7.f;
-    test::run_ranks(world, [&](test::local_comm& c) {
+    comm::run_ranks(world, [&](comm::thread_comm& c) {
       host_memory_resource mine("rank"), scratch("scratch");
-      zero::partitioned_tensor<float, test::local_comm> t(c, n, mine);
+      zero::partitioned_tensor<float, comm::thread_comm> t(c, n, mine);
       const std::size_t s = (n + world - 1) / world;
       CHECK(t.shard_numel() == s);
       CHECK(mine.current_bytes() == s * sizeof(float));

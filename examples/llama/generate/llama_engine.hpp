@@ -58,6 +58,7 @@ class llama_engine {
     h3_ = loom::buffer<float>(T * c.hidden_dim);
     last_ = loom::buffer<float>(S * c.dim);
     logits_ = loom::buffer<float>(S * c.vocab_size);
+    raw_logits_ = loom::buffer<float>(S * c.vocab_size);
   }
 
   const llama_config& model_config() const noexcept { return w_->config; }
@@ -67,6 +68,13 @@ class llama_engine {
   std::size_t kv_bytes() const noexcept { return cache_.bytes(); }
   std::int64_t tokens_computed() const noexcept { return tokens_computed_; }
   std::int64_t steps() const noexcept { return steps_; }
+  /// Logits [vocab] of the i-th sampled sequence of the last step (before sampling changed them).
+  std::span<const float> last_logits(std::size_t i) const {
+    LOOM_CHECK(i < sampled_.size(), "llama_engine::last_logits: index ", i, " but the last step sampled ",
+               sampled_.size(), " sequences");
+    return {raw_logits_.data() + i * static_cast<std::size_t>(w_->config.vocab_size),
+            static_cast<std::size_t>(w_->config.vocab_size)};
+  }
 
   /// Queues a request (token ids are checked against the vocabulary).
   void add(loom::kv::request r) {
@@ -88,6 +96,7 @@ class llama_engine {
     if (plan.num_tokens() > 0) {
       forward(plan);
       const auto V = w_->config.vocab_size;
+      std::copy(logits_.begin(), logits_.end(), raw_logits_.begin());
       std::int64_t row = 0;
       for (const auto& c : plan.chunks) {
         if (!c.samples) continue;
@@ -180,6 +189,7 @@ class llama_engine {
   loom::buffer<float> h1_, h3_;           // [tokens, hidden_dim]
   loom::buffer<float> last_;              // [seqs, dim]
   loom::buffer<float> logits_;            // [seqs, vocab]
+  loom::buffer<float> raw_logits_;        // [seqs, vocab] before penalties and temperature
   std::vector<loom::kv::token_id> sampled_;
   std::int64_t tokens_computed_ = 0, steps_ = 0;
 };

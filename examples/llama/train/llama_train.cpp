@@ -20,7 +20,7 @@ const char* usage =
     "                   [--dim D] [--n-layers L] [--n-heads H] [--n-kv-heads K] [--hidden-dim F] [--vocab V]\n"
     "                   [--seq-len T] [--tied] [--checkpointing]\n"
     "                   [--lr LR] [--warmup W] [--weight-decay WD] [--clip C] [--batch B] [--grad-accum G]\n"
-    "                   [--print-every N]\n"
+    "                   [--print-every N] [--ranks N]\n"
     "  The config's batch, precision, optimizer, scheduler and clipping win; its \"auto\" values and a\n"
     "  missing config take the flags. --data defaults to the generated example corpus.\n";
 
@@ -80,6 +80,7 @@ llama_train::options parse(int argc, char** argv) {
     else if (a == "--batch") o.batch = number<std::int64_t>(a, value());
     else if (a == "--grad-accum") o.grad_accum = number<std::int64_t>(a, value());
     else if (a == "--print-every") o.print_every = number<std::int64_t>(a, value());
+    else if (a == "--ranks") o.ranks = number<int>(a, value());
     else throw bad_args("unknown argument '" + a + "'");
   }
   if (!hidden_given) o.model.hidden_dim = llama::config::default_hidden_dim(o.model.dim);
@@ -87,6 +88,7 @@ llama_train::options parse(int argc, char** argv) {
   if (o.steps < 1) throw bad_args("--steps must be >= 1, got " + std::to_string(o.steps));
   if (o.print_every < 1) throw bad_args("--print-every must be >= 1, got " + std::to_string(o.print_every));
   if (o.batch < 1) throw bad_args("--batch must be >= 1, got " + std::to_string(o.batch));
+  if (o.ranks < 1) throw bad_args("--ranks must be >= 1, got " + std::to_string(o.ranks));
   if (o.grad_accum < 1) throw bad_args("--grad-accum must be >= 1, got " + std::to_string(o.grad_accum));
   return o;
 }

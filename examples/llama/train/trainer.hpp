@@ -29,6 +29,7 @@
 #include <loom/core/dtype.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/memory.hpp>
+#include <loom/data/chat_jsonl.hpp>
 #include <loom/data/token_loader.hpp>
 #include <loom/io/ds_config.hpp>
 #include <loom/optim/adamw.hpp>
@@ -67,6 +68,7 @@ struct options {
   std::int64_t batch = 8;      ///< micro batch without a config
   std::int64_t grad_accum = 1;
   std::int64_t print_every = 1;
+  int ranks = 1;               ///< data-parallel thread ranks; > 1 or ZeRO stage > 0 runs zero_trainer.hpp
   bool checkpointing = false;  ///< also on when the config has activation_checkpointing
 };
 
@@ -91,7 +93,7 @@ inline loom::io::ds_config resolve_config(const options& o) {
   loom::io::ds_config c = o.config_path.empty() ? loom::io::parse_ds_config(nlohmann::json::object())
                                                 : loom::io::load_ds_config(o.config_path, {o.allow_unknown});
   if (o.config_path.empty()) c.micro_batch_given = o.batch, c.grad_accum_given = o.grad_accum;
-  loom::io::ds_context ctx{.world_size = 1, .hidden_size = o.model.dim, .total_steps = o.steps, .warmup_steps = o.warmup, .lr = o.lr,
+  loom::io::ds_context ctx{.world_size = o.ranks, .hidden_size = o.model.dim, .total_steps = o.steps, .warmup_steps = o.warmup, .lr = o.lr,
                            .weight_decay = o.weight_decay, .gradient_clipping = o.clip,
                            .precision = o.precision.value_or(loom::dtype::f32), .micro_batch = o.batch, .grad_accum = o.grad_accum};
   loom::io::resolve_ds_config(c, ctx);
@@ -101,11 +103,18 @@ inline loom::io::ds_config resolve_config(const options& o) {
     c.fp16.enabled.value = *o.precision == loom::dtype::f16;
     c.bf16.value = *o.precision == loom::dtype::bf16;
   }
-  LOOM_CHECK(c.zero.stage == 0, "llama-train: zero_optimization.stage ", c.zero.stage,
-             " needs data-parallel ranks, which this single-rank trainer does not have yet; use stage 0");
-  LOOM_CHECK(c.zero.offload_optimizer.device == loom::io::offload_device::none,
-             "llama-train: zero_optimization.offload_optimizer needs ZeRO (stage >= 1)");
   return c;
+}
+
+using any_loss_scaler = std::variant<loom::amp::static_loss_scaler, loom::amp::dynamic_loss_scaler>;
+
+/// The loss scaler the config asks for: dynamic for fp16 with loss_scale 0, else static (1 without fp16).
+inline any_loss_scaler make_loss_scaler(const loom::io::ds_config& c) {
+  if (c.precision() == loom::dtype::f16 && c.fp16.loss_scale == 0.f)
+    return loom::amp::dynamic_loss_scaler({.initial_scale = std::ldexp(1.f, c.fp16.initial_scale_power),
+                                           .scale_window = c.fp16.loss_scale_window, .hysteresis = c.fp16.hysteresis,
+                                           .min_scale = c.fp16.min_loss_scale, .consecutive_hysteresis = c.fp16.consecutive_hysteresis});
+  return loom::amp::static_loss_scaler(c.precision() == loom::dtype::f16 ? c.fp16.loss_scale : 1.f);
 }
 
 namespace detail {
@@ -144,19 +153,12 @@ class trainer {
   trainer(const options& o, const loom::io::ds_config& c, std::ostream* log)
       : o_(o), c_(c), log_(log), mem_("llama-train"), model_(o.model, mem_), G_(c.gradient_accumulation_steps),
         micro_(c.train_micro_batch_size_per_gpu),
-        loader_(loom::data::open_shards(o.data, loom::data::token_width::u16),
-                {.seq_len = std::size_t(o.model.seq_len), .batch = std::size_t(micro_), .vocab_size = std::uint32_t(o.model.vocab),
-                 .seed = o.seed}),
+        loader_(make_loader(o, micro_)),
         opt_(model_.parameter_count(), c.optimizer.adamw(), mem_), sched_(c.lr_schedule()) {
     model_.init(o.seed);
     model_.set_checkpointing(o.checkpointing || c.activation_checkpointing.enabled);
     if constexpr (!std::is_same_v<P, float>) master_ = loom::amp::master_weights<P>(std::span<const P>(model_.params()), mem_);
-    if (c.precision() == loom::dtype::f16 && c.fp16.loss_scale == 0.f)
-      scaler_ = loom::amp::dynamic_loss_scaler({.initial_scale = std::ldexp(1.f, c.fp16.initial_scale_power),
-                                                .scale_window = c.fp16.loss_scale_window, .hysteresis = c.fp16.hysteresis,
-                                                .min_scale = c.fp16.min_loss_scale, .consecutive_hysteresis = c.fp16.consecutive_hysteresis});
-    else
-      scaler_ = loom::amp::static_loss_scaler(c.precision() == loom::dtype::f16 ? c.fp16.loss_scale : 1.f);
+    scaler_ = make_loss_scaler(c);
   }
 
   std::int64_t step_count() const noexcept { return step_; }
@@ -168,7 +170,7 @@ class trainer {
     model_.zero_grad();
     double loss = 0;
     for (std::int64_t m = 0; m < G_; ++m) {
-      loader_.next(batch_);
+      std::visit([&](auto& l) { l.next(batch_); }, loader_);
       const loom::extents<2> shape{static_cast<loom::index_t>(batch_.batch), static_cast<loom::index_t>(batch_.seq_len)};
       loss += model_.forward({batch_.tokens.data(), shape}, {batch_.targets.data(), shape}) / static_cast<double>(G_);
       model_.backward(scale / static_cast<float>(G_));
@@ -239,7 +241,7 @@ class trainer {
     detail::read_span(f, opt_.exp_avg_sq(), path, "exp_avg_sq");
     step_ = h.step, iteration_ = h.iteration;
     opt_.set_step_count(h.adam_t);
-    loader_.set_state({h.loader_epoch, h.loader_batch});
+    std::visit([&](auto& l) { l.set_state({h.loader_epoch, h.loader_batch}); }, loader_);
     if (auto* d = std::get_if<loom::amp::dynamic_loss_scaler>(&scaler_))
       d->set_state({h.scale, h.scaler_iteration, h.last_overflow_iteration, h.hysteresis_left, h.skipped_steps});
   }
@@ -251,6 +253,24 @@ class trainer {
   }
 
  private:
+  /// Token shards, or (one path ending in .jsonl) chat records with loss on the responses only:
+  /// byte tokens, half the sequence for the prompt side, half for the response.
+  static std::variant<loom::data::token_loader, loom::data::chat_loader> make_loader(const options& o, std::int64_t micro) {
+    const loom::data::sampler_options so{.batch = std::size_t(micro), .seed = o.seed};
+    if (o.data.size() == 1 && o.data[0].size() > 6 && o.data[0].ends_with(".jsonl")) {
+      const loom::data::byte_tokenizer tok;
+      LOOM_CHECK(o.model.vocab >= tok.vocab_size(), "llama-train: chat data needs vocab >= ", tok.vocab_size(),
+                 " (bytes + bos/eos/pad), got vocab=", o.model.vocab);
+      const std::size_t src = std::size_t(o.model.seq_len) / 2;
+      return loom::data::chat_loader(loom::data::read_chat_jsonl(o.data[0]), tok,
+                                     {.max_source_length = src, .max_target_length = std::size_t(o.model.seq_len) - src,
+                                      .vocab_size = std::uint32_t(o.model.vocab)},
+                                     so);
+    }
+    return loom::data::token_loader(loom::data::open_shards(o.data, loom::data::token_width::u16),
+                                    {.seq_len = std::size_t(o.model.seq_len), .batch = so.batch,
+                                     .vocab_size = std::uint32_t(o.model.vocab), .seed = so.seed});
+  }
   float current_scale() const {
     return std::visit([](const auto& s) { return s.scale(); }, scaler_);
   }
@@ -264,7 +284,8 @@ class trainer {
     h.vocab = m.vocab, h.seq_len = m.seq_len, h.tied = m.tied_output;
     h.n_params = model_.parameter_count();
     h.step = step_, h.iteration = iteration_, h.adam_t = opt_.step_count();
-    h.loader_epoch = loader_.state().epoch, h.loader_batch = loader_.state().batch_in_epoch;
+    const auto ls = std::visit([](const auto& l) { return l.state(); }, loader_);
+    h.loader_epoch = ls.epoch, h.loader_batch = ls.batch_in_epoch;
     h.scale = current_scale();
     if (const auto* d = std::get_if<loom::amp::dynamic_loss_scaler>(&scaler_)) {
       const auto& s = d->state();
@@ -280,7 +301,7 @@ class trainer {
   loom::host_memory_resource mem_;
   llama::model<P> model_;
   std::int64_t G_, micro_;
-  loom::data::token_loader loader_;
+  std::variant<loom::data::token_loader, loom::data::chat_loader> loader_;
   loom::data::token_batch batch_;
   loom::optim::adamw opt_;
   loom::amp::master_weights<P> master_;
@@ -322,15 +343,20 @@ train_result run_as(const options& o, const loom::io::ds_config& c, std::ostream
   return res;
 }
 
+// Data-parallel / ZeRO runs (zero_trainer.hpp, included at the end of this file).
+inline train_result run_zero(const options& o, const loom::io::ds_config& c, std::ostream* log);
+
 /// Trains as the options and config say; prints progress to `log` (may be null).
 inline train_result run(const options& o, std::ostream* log) {
   const auto c = resolve_config(o);
   for (const auto& w : c.warnings)
-    if (log) *log << "warning: " << w << std::endl;
+    if (log) *log << "note: " << w << std::endl;
   if (log)
     *log << "llama-train: dim " << o.model.dim << ", layers " << o.model.n_layers << ", heads " << o.model.n_heads << "/"
          << o.model.n_kv_heads << ", vocab " << o.model.vocab << ", seq " << o.model.seq_len << " | " << loom::dtype_name(c.precision())
          << " | micro batch " << c.train_micro_batch_size_per_gpu << " x accumulation " << c.gradient_accumulation_steps << std::endl;
+  if (o.ranks > 1 || c.zero.stage > 0 || c.zero.offload_optimizer.device != loom::io::offload_device::none)
+    return run_zero(o, c, log);
   switch (c.precision()) {
     case loom::dtype::bf16: return run_as<loom::bfloat16>(o, c, log);
     case loom::dtype::f16: return run_as<loom::half>(o, c, log);
@@ -339,3 +365,5 @@ inline train_result run(const options& o, std::ostream* log) {
 }
 
 }  // namespace llama_train
+
+#include "zero_trainer.hpp"  // NOLINT: defines run_zero, declared above

@@ -67,12 +67,14 @@ struct thread_world {
   std::condition_variable cv;
   bool aborted = false;
   std::string reason;
+  int culprit = -1;  // world rank whose failure aborted the world (-1: none or unknown)
   std::vector<char> exited;  // by world rank: returned from its run_ranks function
 
-  void abort_locked(const std::string& why) {
+  void abort_locked(const std::string& why, int world_rank = -1) {
     if (!aborted) {
       aborted = true;
       reason = why;
+      culprit = world_rank;
     }
     cv.notify_all();
   }
@@ -308,6 +310,17 @@ class thread_worker {
     cv_.notify_all();
     return t;
   }
+  /// Whether something submitted has not finished yet.
+  bool busy() {
+    std::shared_ptr<thread_task> last;
+    {
+      std::lock_guard lk(m_);
+      last = last_;
+    }
+    if (!last) return false;
+    std::lock_guard lk(last->m);
+    return !last->done;
+  }
   /// Waits until everything submitted so far has finished (errors stay with their work).
   void drain() {
     std::shared_ptr<thread_task> last;
@@ -365,7 +378,17 @@ class thread_comm : public collective_api<thread_comm> {
     }
     return *this;
   }
-  ~thread_comm() { wait_all(); }
+  ~thread_comm() {
+    // Leaving a scope by an exception with async collectives still queued: the peers may
+    // wait for this rank elsewhere, so draining could hang. Fail the world first (pending
+    // collectives then throw) and drain after.
+    if (worker_ && std::uncaught_exceptions() > 0 && worker_->busy()) {
+      std::lock_guard lk(g_->world->m);
+      g_->world->abort_locked("rank " + std::to_string(rank_) +
+                              " left a scope by an exception with async collectives still pending", world_rank());
+    }
+    wait_all();
+  }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return g_->size(); }
@@ -566,29 +589,34 @@ void run_ranks(int n, F&& fn) {
   std::iota(all.begin(), all.end(), 0);
   auto group = std::make_shared<detail::thread_group>(world, all);
   std::exception_ptr first;
+  int first_rank = -1;
   auto body = [&](int r) {
-    std::exception_ptr failure;
     {
       thread_comm comm(group, r);
       try {
         fn(comm);
         comm.wait_all();
       } catch (...) {
-        failure = std::current_exception();
+        // Fail the world before `comm` drains its queued async work: the peers must stop
+        // waiting for this rank first.
+        std::string what = "unknown exception";
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        std::lock_guard lk(world->m);
+        // The first failure wins, unless it was a consequence of this rank's own earlier
+        // abort (a comm destroyed while this exception propagated).
+        if (!first || (world->culprit == r && first_rank != r)) {
+          first = std::current_exception();
+          first_rank = r;
+        }
+        world->abort_locked("rank " + std::to_string(r) + " failed: " + what, r);
       }
     }
     std::lock_guard lk(world->m);
-    if (failure) {
-      if (!first) first = failure;
-      std::string what = "unknown exception";
-      try {
-        std::rethrow_exception(failure);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      world->abort_locked("rank " + std::to_string(r) + " failed: " + what);
-    }
     world->exited[static_cast<std::size_t>(r)] = 1;
     world->cv.notify_all();
   };

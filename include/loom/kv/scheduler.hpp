@@ -174,6 +174,13 @@ class scheduler {
   std::size_t num_waiting() const noexcept { return waiting_.size(); }
   std::size_t num_running() const noexcept { return running_.size(); }
   std::int64_t num_preemptions() const noexcept { return preemptions_; }
+  /// Tokens whose keys and values the running sequences hold in the cache (shared prefix
+  /// blocks are counted once per sequence).
+  std::int64_t kv_tokens_in_use() const noexcept {
+    std::int64_t n = 0;
+    for (const sequence* s : running_) n += s->num_computed;
+    return n;
+  }
   const sequence* find(std::uint64_t id) const {
     auto it = seqs_.find(id);
     return it == seqs_.end() ? nullptr : it->second.get();

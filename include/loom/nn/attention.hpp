@@ -102,7 +102,7 @@ class attention {
     auto dq4 = make_view(dq.data(), b, s, cfg_.n_heads, hd), dk4 = make_view(dk.data(), b, s, cfg_.n_kv_heads, hd);
     ops::attention_backward(host{}, make_view(dout.data(), b, s, cfg_.n_heads, hd), q4(a), kv4(a, a.k), kv4(a, a.v),
                             make_view(a.probs.data(), b, cfg_.n_heads, s, s), dq4, dk4,
-                            make_view(dv.data(), b, s, cfg_.n_kv_heads, hd), make_view(scratch.data(), s, s));
+                            make_view(dv.data(), b, s, cfg_.n_kv_heads, hd), make_view(scratch.data(), s, s), cfg_.mask);
     rope_.backward(dq4);
     rope_.backward(dk4);
     auto dx2 = dx.template reshape<2>({n, cfg_.dim});

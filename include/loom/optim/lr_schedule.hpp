@@ -45,6 +45,11 @@ inline double warmup_gamma(std::int64_t i, std::int64_t w, warmup_type type) {
   if (type == warmup_type::log) return std::log(static_cast<double>(i + 1)) / std::log(static_cast<double>(w));
   return static_cast<double>(i) / static_cast<double>(w);
 }
+/// min + (max - min) * gamma, in double as DeepSpeed computes it; 0 before the first step.
+inline float between(float min_lr, float max_lr, double gamma, std::int64_t i) {
+  if (i < 0) return 0.f;
+  return static_cast<float>(min_lr + (static_cast<double>(max_lr) - min_lr) * gamma);
+}
 }  // namespace detail
 
 /// A fixed learning rate (no "scheduler" in the config).
@@ -64,10 +69,7 @@ struct warmup_lr {
   double gamma(std::int64_t i) const {
     return i < warmup_steps() ? detail::warmup_gamma(i, warmup_steps(), type) : 1.0;
   }
-  float lr(std::int64_t i) const {
-    if (i < 0) return 0.f;
-    return static_cast<float>(warmup_min_lr + (static_cast<double>(warmup_max_lr) - warmup_min_lr) * gamma(i));
-  }
+  float lr(std::int64_t i) const { return detail::between(warmup_min_lr, warmup_max_lr, gamma(i), i); }
 };
 
 /// DeepSpeed WarmupDecayLR: WarmupLR, then linear decay to 0 at total_num_steps.
@@ -79,14 +81,12 @@ struct warmup_decay_lr {
   warmup_type type = warmup_type::log;
 
   std::int64_t warmup_steps() const noexcept { return std::max<std::int64_t>(2, warmup_num_steps); }
-  float lr(std::int64_t i) const {
-    if (i < 0) return 0.f;
+  double gamma(std::int64_t i) const {
     const std::int64_t w = warmup_steps();
-    const double gamma = i < w ? detail::warmup_gamma(i, w, type)
-                               : std::max(0.0, static_cast<double>(total_num_steps - i) /
-                                                   std::max(1.0, static_cast<double>(total_num_steps - w)));
-    return static_cast<float>(warmup_min_lr + (static_cast<double>(warmup_max_lr) - warmup_min_lr) * gamma);
+    if (i < w) return detail::warmup_gamma(i, w, type);
+    return std::max(0.0, static_cast<double>(total_num_steps - i) / std::max(1.0, static_cast<double>(total_num_steps - w)));
   }
+  float lr(std::int64_t i) const { return detail::between(warmup_min_lr, warmup_max_lr, gamma(i), i); }
 };
 
 /// DeepSpeed WarmupCosineLR: ratio of the optimizer's base lr, warmup then cosine to cos_min_ratio.

@@ -134,13 +134,13 @@ inline schedule add_communication(std::string name, int p, int m, int v,
   std::vector<long> fwd_start(n, -1), fwd_end(n, -1), bwd_start(n, -1), bwd_end(n, -1);
   std::vector<std::vector<long>> start(static_cast<std::size_t>(p));
   // [stage] -> the intervals [lo, hi] in which the stage is between two compute ops
-  std::vector<std::vector<std::pair<long, long>>> free(static_cast<std::size_t>(p), {{0L, 0L}});
+  std::vector<std::vector<std::pair<long, long>>> idle(static_cast<std::size_t>(p), {{0L, 0L}});
   std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
   for (bool progress = true; progress;) {
     progress = false;
     for (int s = 0; s < p; ++s) {
       auto& i = next[static_cast<std::size_t>(s)];
-      auto& gaps = free[static_cast<std::size_t>(s)];
+      auto& gaps = idle[static_cast<std::size_t>(s)];
       const auto& ord = order[static_cast<std::size_t>(s)];
       while (i < ord.size()) {
         const compute_step& c = ord[i];
@@ -165,15 +165,21 @@ inline schedule add_communication(std::string name, int p, int m, int v,
     LOOM_CHECK(next[static_cast<std::size_t>(s)] == order[static_cast<std::size_t>(s)].size(),
                "pipeline: schedule '", out.name, "' has a compute order that cannot run: stage ", s, " stops at step ",
                next[static_cast<std::size_t>(s)], " (p=", p, ", m=", m, ", v=", v, ")");
-    free[static_cast<std::size_t>(s)].back().second = std::numeric_limits<long>::max();
+    idle[static_cast<std::size_t>(s)].back().second = std::numeric_limits<long>::max();
   }
   // A transfer produced at `ready` on stage a and consumed at `needed` on stage b happens at the
   // earliest moment in [ready, needed] at which both stages are between compute ops, so that
   // neither waits for the other; if there is none, just before the consumer.
   const auto meet = [&](int a, int b, long ready, long needed) {
-    const auto& fa = free[static_cast<std::size_t>(a)];
-    const auto& fb = free[static_cast<std::size_t>(b)];
-    for (std::size_t i = 0, j = 0; i < fa.size() && j < fb.size();) {
+    const auto& fa = idle[static_cast<std::size_t>(a)];
+    const auto& fb = idle[static_cast<std::size_t>(b)];
+    // Intervals are sorted and disjoint: start at the first one of each that ends at or after `ready`.
+    const auto first_after = [&](const std::vector<std::pair<long, long>>& f) {
+      return static_cast<std::size_t>(
+          std::partition_point(f.begin(), f.end(), [&](const std::pair<long, long>& g) { return g.second < ready; }) -
+          f.begin());
+    };
+    for (std::size_t i = first_after(fa), j = first_after(fb); i < fa.size() && j < fb.size();) {
       const long lo = std::max({fa[i].first, fb[j].first, ready}), hi = std::min(fa[i].second, fb[j].second);
       if (lo > needed) break;
       if (lo <= hi) return lo;

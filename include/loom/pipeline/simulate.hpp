@@ -82,20 +82,21 @@ struct simulation {
   bool ok() const noexcept { return problem_count == 0; }
   /// idle / total time of stage s.
   double bubble_fraction(int s) const {
-    LOOM_CHECK(s >= 0 && s < stages, "simulation::bubble_fraction: stage s=", s, " out of range [0, ", stages, ")");
+    LOOM_CHECK(s >= 0 && static_cast<std::size_t>(s) < per_stage.size(), "simulation::bubble_fraction: stage s=", s,
+               " out of range [0, ", per_stage.size(), ") of the simulated stages");
     return total_time > 0 ? 1.0 - per_stage[static_cast<std::size_t>(s)].busy / total_time : 0.0;
   }
   /// Mean over stages of idle / total time.
   double bubble_fraction() const {
     double sum = 0;
-    for (int s = 0; s < stages; ++s) sum += bubble_fraction(s);
-    return stages > 0 ? sum / stages : 0.0;
+    for (std::size_t s = 0; s < per_stage.size(); ++s) sum += bubble_fraction(static_cast<int>(s));
+    return per_stage.empty() ? 0.0 : sum / static_cast<double>(per_stage.size());
   }
   /// Idle time over busy time, summed over stages (Narayanan et al.'s bubble time fraction).
   double bubble_ratio() const {
     double busy = 0;
     for (const auto& st : per_stage) busy += st.busy;
-    return busy > 0 ? (total_time * stages - busy) / busy : 0.0;
+    return busy > 0 ? (total_time * static_cast<double>(per_stage.size()) - busy) / busy : 0.0;
   }
   /// A human-readable summary: verdict, problems, time, bubble and memory per stage.
   std::string report() const;

@@ -206,6 +206,12 @@ class engine {
     return true;
   }
 
+  /// Learning rate of the next step (a schedule sets it every step).
+  void set_lr(float lr) {
+    LOOM_CHECK(std::isfinite(lr) && lr >= 0.f, "zero::engine::set_lr: lr must be finite and >= 0, got lr=", lr);
+    opt_.adamw.lr = lr;
+  }
+
   /// Global L2 norm of the (scaled, mean) gradient computed by the last step().
   float last_grad_norm() const noexcept { return last_norm_; }
 

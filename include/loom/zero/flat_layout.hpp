@@ -76,6 +76,8 @@ class layer_params {
   std::size_t layer() const noexcept { return layer_; }
   std::size_t size() const noexcept { return layout_->sizes().layer_end(layer_) - layout_->sizes().layer_begin(layer_); }
   const param_spec& spec(std::size_t k) const { return layout_->spec(index(k)); }
+  /// The model-wide parameter number of the layer's parameter k.
+  std::size_t global_index(std::size_t k) const { return index(k); }
   /// Parameter k of the layer (k = 0 is its first), numel elements.
   std::span<T> span(std::size_t k) const {
     const std::size_t p = index(k);

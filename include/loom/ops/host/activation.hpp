@@ -25,7 +25,7 @@ inline void swiglu_forward(host, in_view<T, 1> a, in_view<T, 1> b,
   const T *ap = a.data(), *bp = b.data();
   T* op = out.data();
   LOOM_SIMD
-  for (index_t i = 0; i < n; ++i) op[i] = ap[i] / (T(1) + std::exp(-ap[i])) * bp[i];
+  for (index_t i = 0; i < n; ++i) op[i] = ap[i] / (T(1) + ops::exp(-ap[i])) * bp[i];
 }
 
 /// da += dout * b * silu'(a), db += dout * silu(a)
@@ -38,7 +38,7 @@ inline void swiglu_backward(host, in_view<T, 1> dout, in_view<T, 1> a,
   T *dap = da.data(), *dbp = db.data();
   LOOM_SIMD
   for (index_t i = 0; i < n; ++i) {
-    const T sig = T(1) / (T(1) + std::exp(-ap[i]));
+    const T sig = T(1) / (T(1) + ops::exp(-ap[i]));
     dap[i] += dp[i] * bp[i] * sig * (T(1) + ap[i] * (T(1) - sig));
     dbp[i] += dp[i] * ap[i] * sig;
   }
@@ -76,7 +76,7 @@ inline void gelu_backward(host, in_view<T, 1> dy, in_view<T, 1> x,
     LOOM_SIMD
     for (index_t i = 0; i < n; ++i) {
       const T cdf = T(0.5) * (T(1) + std::erf(xp[i] * r));
-      dxp[i] += dyp[i] * (cdf + xp[i] * inv_sqrt_2pi * std::exp(T(-0.5) * xp[i] * xp[i]));
+      dxp[i] += dyp[i] * (cdf + xp[i] * inv_sqrt_2pi * ops::exp(T(-0.5) * xp[i] * xp[i]));
     }
   } else {
     const T c = T(0.79788456080286535588), k = T(0.044715);

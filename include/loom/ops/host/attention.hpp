@@ -6,7 +6,9 @@
 // head, as Meta's repeat_kv does): kv_heads == heads is multi-head, 1 is multi-query.
 // Every product is a GEMM on strided views of one (batch, head): S = scale Q K^T, P =
 // softmax(S) under the mask, O = P V; backward dP = dO V^T, dV += P^T dO, dS = P(dP -
-// rowsum(dP P)) scale, dQ += dS K, dK += dS^T Q. The probabilities P [batch, heads, seq, seq]
+// rowsum(dP P)) scale, dQ += dS K, dK += dS^T Q. Query rows go in tiles of
+// `attention_tile`; a tile multiplies only the keys its last row may see (the causal
+// upper triangle is skipped tile by tile, and those probabilities are stored as 0). The probabilities P [batch, heads, seq, seq]
 // are saved by forward for backward (fine for the sequence lengths trained on the CPU).
 //
 // Mask: causal, with an optional prefix-LM part (`prefix` > 0): the first `prefix`
@@ -21,6 +23,10 @@
 #include <cmath>
 
 namespace loom::ops {
+
+/// Query rows per GEMM tile: a tile of rows [r0, r1) multiplies only the keys it may see, so
+/// a causal mask skips about half of the seq x seq products (tuning value).
+inline constexpr index_t attention_tile = 64;
 
 struct attention_mask {
   index_t prefix = 0;  ///< positions [0, prefix) see each other bidirectionally; 0: purely causal
@@ -50,6 +56,22 @@ template <class E>
 inline tensor_view<E, host, 2> head_view(E* base, index_t bi, index_t hi, index_t s, index_t heads, index_t hd) {
   return {base + (bi * s * heads + hi) * hd, extents<2>{s, hd}, extents<2>{heads * hd, 1}};
 }
+template <class Q, class K, class V, class O>
+struct head_set {
+  tensor_view<Q, host, 2> q;
+  tensor_view<K, host, 2> k;
+  tensor_view<V, host, 2> v;
+  tensor_view<O, host, 2> o;
+};
+/// The [seq, head_dim] views of query head hi, its kv head, and output head hi.
+template <class Q, class K, class V, class O>
+inline head_set<Q, K, V, O> head_views(const tensor_view<Q, host, 4>& q, const tensor_view<K, host, 4>& k,
+                                       const tensor_view<V, host, 4>& v, const tensor_view<O, host, 4>& o, index_t bi,
+                                       index_t hi, const attention_dims& d) {
+  const index_t g = hi / d.group;
+  return {head_view(q.data(), bi, hi, d.s, d.h, d.hd), head_view(k.data(), bi, g, d.s, d.kvh, d.hd),
+          head_view(v.data(), bi, g, d.s, d.kvh, d.hd), head_view(o.data(), bi, hi, d.s, d.h, d.hd)};
+}
 }  // namespace detail
 
 /// out = attention(q, k, v); probs [batch, heads, seq, seq] receives the softmax (saved for backward).
@@ -65,31 +87,30 @@ inline void attention_forward(host, in_view<T, 4> q, in_view<T, 4> k,
   const T scale = T(1) / std::sqrt(T(d.hd));
   for (index_t bi = 0; bi < d.b; ++bi)
     for (index_t hi = 0; hi < d.h; ++hi) {
-      const index_t g = hi / d.group;
-      auto qh = detail::head_view(q.data(), bi, hi, d.s, d.h, d.hd);
-      auto kh = detail::head_view(k.data(), bi, g, d.s, d.kvh, d.hd);
-      auto vh = detail::head_view(v.data(), bi, g, d.s, d.kvh, d.hd);
-      auto oh = detail::head_view(out.data(), bi, hi, d.s, d.h, d.hd);
+      const auto hv = detail::head_views(q, k, v, out, bi, hi, d);
       T* pp = probs.data() + (bi * d.h + hi) * d.s * d.s;
-      tensor_view<T, host, 2> p(pp, extents<2>{d.s, d.s});
-      gemm(host{}, qh, kh.transpose(0, 1), p, scale, T(0));  // [s, s] scores
-      for (index_t t = 0; t < d.s; ++t) {
-        const index_t n = mask.visible(t, d.s);
-        T* row = pp + t * d.s;
-        detail::softmax_row(row, row, n);
-        std::fill(row + n, row + d.s, T(0));
+      for (index_t r0 = 0; r0 < d.s; r0 += attention_tile) {  // query rows [r0, r1) see keys [0, vis)
+        const index_t r1 = std::min(d.s, r0 + attention_tile), vis = mask.visible(r1 - 1, d.s);
+        tensor_view<T, host, 2> p(pp + r0 * d.s, extents<2>{r1 - r0, vis}, extents<2>{d.s, 1});
+        gemm(host{}, hv.q.slice(0, r0, r1), hv.k.slice(0, 0, vis).transpose(0, 1), p, scale, T(0));
+        for (index_t t = r0; t < r1; ++t) {
+          const index_t n = mask.visible(t, d.s);
+          T* row = pp + t * d.s;
+          detail::softmax_row(row, row, n);
+          std::fill(row + n, row + d.s, T(0));
+        }
+        gemm(host{}, tensor_view<const T, host, 2>(p), hv.v.slice(0, 0, vis), hv.o.slice(0, r0, r1));
       }
-      gemm(host{}, tensor_view<const T, host, 2>(p), vh, oh);
     }
 }
 
-/// dq, dk, dv += gradients of attention given dout; scratch: [seq, seq] workspace.
+/// dq, dk, dv += gradients of attention given dout; scratch: [seq, seq] workspace; mask as in forward.
 template <compute_type T>
 inline void attention_backward(host, in_view<T, 4> dout, in_view<T, 4> q,
                                in_view<T, 4> k, in_view<T, 4> v,
                                in_view<T, 4> probs, tensor_view<T, host, 4> dq,
                                tensor_view<T, host, 4> dk, tensor_view<T, host, 4> dv,
-                               tensor_view<T, host, 2> scratch) {
+                               tensor_view<T, host, 2> scratch, attention_mask mask = {}) {
   const char* fn = "ops::attention_backward";
   const auto d = detail::check_attention(q, k, v, dout, fn);
   detail::require_shape(probs, extents<4>{d.b, d.h, d.s, d.s}, fn, "probs");
@@ -103,30 +124,29 @@ inline void attention_backward(host, in_view<T, 4> dout, in_view<T, 4> q,
   const T scale = T(1) / std::sqrt(T(d.hd));
   for (index_t bi = 0; bi < d.b; ++bi)
     for (index_t hi = 0; hi < d.h; ++hi) {
-      const index_t g = hi / d.group;
-      auto qh = detail::head_view(q.data(), bi, hi, d.s, d.h, d.hd);
-      auto kh = detail::head_view(k.data(), bi, g, d.s, d.kvh, d.hd);
-      auto vh = detail::head_view(v.data(), bi, g, d.s, d.kvh, d.hd);
-      auto doh = detail::head_view(dout.data(), bi, hi, d.s, d.h, d.hd);
-      auto dqh = detail::head_view(dq.data(), bi, hi, d.s, d.h, d.hd);
-      auto dkh = detail::head_view(dk.data(), bi, g, d.s, d.kvh, d.hd);
-      auto dvh = detail::head_view(dv.data(), bi, g, d.s, d.kvh, d.hd);
+      const auto hv = detail::head_views(q, k, v, dout, bi, hi, d);
+      const auto gv = detail::head_views(dq, dk, dv, dout, bi, hi, d);
       const T* pp = probs.data() + (bi * d.h + hi) * d.s * d.s;
-      in_view<T, 2> p(pp, extents<2>{d.s, d.s});
-      gemm(host{}, doh, vh.transpose(0, 1), scratch);            // dP [s, s]
-      gemm(host{}, p.transpose(0, 1), doh, dvh, T(1), T(1));      // dV += P^T dO
-      for (index_t t = 0; t < d.s; ++t) {                         // dS = P (dP - <dP, P>) scale
-        const T* pr = pp + t * d.s;
-        T* dr = scratch.data() + t * d.s;
-        T dot = 0;
-        LOOM_SIMD_SUM(dot)
-        for (index_t j = 0; j < d.s; ++j) dot += pr[j] * dr[j];
-        LOOM_SIMD
-        for (index_t j = 0; j < d.s; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+      for (index_t r0 = 0; r0 < d.s; r0 += attention_tile) {
+        const index_t r1 = std::min(d.s, r0 + attention_tile), vis = mask.visible(r1 - 1, d.s);
+        tensor_view<const T, host, 2> p(pp + r0 * d.s, extents<2>{r1 - r0, vis}, extents<2>{d.s, 1});
+        tensor_view<T, host, 2> ds(scratch.data(), extents<2>{r1 - r0, vis}, extents<2>{d.s, 1});
+        const auto dor = hv.o.slice(0, r0, r1);
+        gemm(host{}, dor, hv.v.slice(0, 0, vis).transpose(0, 1), ds);                  // dP
+        gemm(host{}, p.transpose(0, 1), dor, gv.v.slice(0, 0, vis), T(1), T(1));       // dV += P^T dO
+        for (index_t t = 0; t < r1 - r0; ++t) {                                         // dS = P (dP - <dP, P>) scale
+          const T* pr = &p(t, 0);
+          T* dr = &ds(t, 0);
+          T dot = 0;
+          LOOM_SIMD_SUM(dot)
+          for (index_t j = 0; j < vis; ++j) dot += pr[j] * dr[j];
+          LOOM_SIMD
+          for (index_t j = 0; j < vis; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+        }
+        const tensor_view<const T, host, 2> dsc = ds;
+        gemm(host{}, dsc, hv.k.slice(0, 0, vis), gv.q.slice(0, r0, r1), T(1), T(1));             // dQ += dS K
+        gemm(host{}, dsc.transpose(0, 1), hv.q.slice(0, r0, r1), gv.k.slice(0, 0, vis), T(1), T(1));  // dK += dS^T Q
       }
-      in_view<T, 2> ds = scratch;
-      gemm(host{}, ds, kh, dqh, T(1), T(1));                      // dQ += dS K
-      gemm(host{}, ds.transpose(0, 1), qh, dkh, T(1), T(1));      // dK += dS^T Q
     }
 }
 

@@ -13,13 +13,17 @@
 #include <loom/core/error.hpp>
 #include <loom/core/tensor_view.hpp>
 
+#include <bit>
+#include <cmath>
 #include <concepts>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <type_traits>
 
 #define LOOM_SIMD _Pragma("omp simd")
 #define LOOM_SIMD_SUM(var) _Pragma(LOOM_SIMD_STR(omp simd reduction(+ : var)))
+#define LOOM_SIMD_MAX(var) _Pragma(LOOM_SIMD_STR(omp simd reduction(max : var)))
 #define LOOM_SIMD_STR(x) #x
 
 namespace loom::ops {
@@ -44,6 +48,31 @@ inline T load(P p) noexcept {
     return static_cast<T>(static_cast<float>(p));
   else
     return static_cast<T>(p);
+}
+
+/// e^x, vectorisable: for float a Cephes-style range reduction and degree-6 polynomial
+/// (within 2 ulp of expf on [-87, 88]; clamped there, so very negative x gives ~1e-38, not 0),
+/// written with operations compilers vectorise without -ffast-math (libm's expf is not
+/// vectorised then). For double: std::exp (finite-difference checks want it exact).
+template <compute_type T>
+inline T exp(T x) noexcept {
+  if constexpr (std::is_same_v<T, double>) {
+    return std::exp(x);
+  } else {
+    x = x < -87.0f ? -87.0f : (x > 88.5f ? 88.5f : x);
+    constexpr float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+    const float n = (x * 1.44269504088896341f + round_magic) - round_magic;
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // x - n ln2, ln2 split in two
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * r * r + r + 1.0f;
+    const auto scale = std::bit_cast<float>(static_cast<std::int32_t>((static_cast<std::int32_t>(n) + 127) << 23));
+    return y * scale;
+  }
 }
 
 namespace detail {

@@ -50,10 +50,11 @@ inline T cross_entropy_forward(host, in_view<T, 2> logits, tensor_view<Tgt, host
   for (index_t r = 0; r < n; ++r) {
     const T* x = logits.data() + r * v;
     T mx = x[0];
+    LOOM_SIMD_MAX(mx)
     for (index_t j = 1; j < v; ++j) mx = std::max(mx, x[j]);
     T sum = 0;
     LOOM_SIMD_SUM(sum)
-    for (index_t j = 0; j < v; ++j) sum += std::exp(x[j] - mx);
+    for (index_t j = 0; j < v; ++j) sum += ops::exp(x[j] - mx);
     lse(r) = mx + std::log(sum);
     const auto t = static_cast<std::int64_t>(targets(r));
     if (t != opt.ignore_index) total += double(lse(r) - x[t]);
@@ -83,7 +84,7 @@ inline void cross_entropy_backward(host, in_view<T, 2> logits, tensor_view<Tgt, 
     T* g = dlogits.data() + r * v;
     const T l = lse(r);
     LOOM_SIMD
-    for (index_t j = 0; j < v; ++j) g[j] += scale * std::exp(x[j] - l);
+    for (index_t j = 0; j < v; ++j) g[j] += scale * ops::exp(x[j] - l);
     g[t] -= scale;
   }
 }

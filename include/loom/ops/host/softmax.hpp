@@ -15,10 +15,12 @@ namespace detail {
 template <compute_type T>
 inline void softmax_row(const T* x, T* y, index_t n) {
   T mx = x[0];
+  LOOM_SIMD_MAX(mx)
   for (index_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
   T sum = 0;
+  LOOM_SIMD_SUM(sum)
   for (index_t i = 0; i < n; ++i) {
-    y[i] = std::exp(x[i] - mx);
+    y[i] = ops::exp(x[i] - mx);
     sum += y[i];
   }
   const T inv = T(1) / sum;

@@ -1,0 +1,27 @@
+# cpp-httplib as the interface target llama_httplib (Debian ships it compiled, with a
+# pkg-config file whose flags must match the library's build: SSL, zlib, brotli). Sets
+# LLAMA_HAS_HTTPLIB. Included by the server example and its tests.
+if(TARGET llama_httplib)
+  set(LLAMA_HAS_HTTPLIB TRUE)
+  return()
+endif()
+set(LLAMA_HAS_HTTPLIB FALSE)
+find_package(PkgConfig QUIET)
+if(PKG_CONFIG_FOUND)
+  pkg_check_modules(CPP_HTTPLIB QUIET IMPORTED_TARGET GLOBAL cpp-httplib)
+endif()
+if(CPP_HTTPLIB_FOUND)
+  add_library(llama_httplib INTERFACE IMPORTED GLOBAL)
+  target_link_libraries(llama_httplib INTERFACE PkgConfig::CPP_HTTPLIB Threads::Threads)
+  set(LLAMA_HAS_HTTPLIB TRUE)
+else()
+  find_path(LLAMA_HTTPLIB_INCLUDE httplib.h)
+  if(LLAMA_HTTPLIB_INCLUDE)  # the single-header version
+    add_library(llama_httplib INTERFACE IMPORTED GLOBAL)
+    target_include_directories(llama_httplib SYSTEM INTERFACE ${LLAMA_HTTPLIB_INCLUDE})
+    target_link_libraries(llama_httplib INTERFACE Threads::Threads)
+    set(LLAMA_HAS_HTTPLIB TRUE)
+  else()
+    message(STATUS "llama-serve: cpp-httplib not found, the server is not built")
+  endif()
+endif()

@@ -1,0 +1,60 @@
+#pragma once
+// tensor_map: named float tensors, the common currency of loom's weight readers.
+//
+// Why: checkpoint formats differ in layout and element type (llama2.c: one fp32 stream in a
+// fixed order; safetensors: a JSON index over fp32/fp16/bf16 bytes), while a model only needs
+// "the tensor called X, of shape S". Readers convert to this; a model maps names to its layers.
+
+#include <loom/core/buffer.hpp>
+#include <loom/core/error.hpp>
+
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace loom::io {
+
+struct named_tensor {
+  std::vector<std::int64_t> shape;
+  buffer<float> data;  // row-major, numel(shape) elements
+
+  std::int64_t numel() const noexcept {
+    std::int64_t n = 1;
+    for (auto e : shape) n *= e;
+    return n;
+  }
+};
+
+using tensor_map = std::map<std::string, named_tensor>;
+
+namespace detail {
+inline std::vector<char> read_file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  LOOM_CHECK(f.good(), "cannot open file '", path, "'");
+  const auto size = static_cast<std::size_t>(f.tellg());
+  std::vector<char> bytes(size);
+  f.seekg(0);
+  f.read(bytes.data(), static_cast<std::streamsize>(size));
+  LOOM_CHECK(f.good() || size == 0, "cannot read ", size, " bytes of '", path, "'");
+  return bytes;
+}
+}  // namespace detail
+
+/// The tensor `name` of the given shape; a clear error if it is missing or shaped otherwise.
+inline const named_tensor& require_tensor(const tensor_map& m, const std::string& name,
+                                          const std::vector<std::int64_t>& shape) {
+  auto it = m.find(name);
+  LOOM_CHECK(it != m.end(), "tensor '", name, "' is missing from the checkpoint");
+  bool same = it->second.shape == shape;
+  if (!same) {
+    std::string got, want;
+    for (auto e : it->second.shape) got += std::to_string(e) + ",";
+    for (auto e : shape) want += std::to_string(e) + ",";
+    LOOM_THROW("tensor '", name, "' has shape [", got, "], expected [", want, "]");
+  }
+  return it->second;
+}
+
+}  // namespace loom::io
