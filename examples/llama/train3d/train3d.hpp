@@ -5,10 +5,10 @@
 //
 // A step, on every rank:
 //   1. ZeRO-3: all-gather this stage's parameters over dp (they are sharded between steps).
-//   2. Run the pipeline schedule (GPipe or 1F1B, pipeline/schedule.hpp) op by op: forward /
-//      backward of a micro-batch on this stage, blocking send/recv of activations and
-//      gradients over the pp group. The schedule is data proven deadlock-free under blocking
-//      send/recv; this loop only executes it. Each micro-batch's loss is scaled by 1/m.
+//   2. Run the pipeline schedule (GPipe or 1F1B, pipeline/schedule.hpp) with
+//      pipeline::executor over the pp group: it proves the schedule, owns the tensors that
+//      cross stage boundaries and sends/receives them; this trainer's stage_adapter runs the
+//      forward / backward passes of the stage model. Each micro-batch's loss is scaled by 1/m.
 //   3. Tied embeddings with pp > 1: the first and last stage add each other's gradient of
 //      their tok_embeddings shard, so both copies take the same update.
 //   4. Gradients over dp: all-reduce (stage 0, 1) or reduce-scatter into this rank's slice
@@ -34,6 +34,7 @@
 #include <loom/comm/mesh.hpp>
 #include <loom/core/buffer.hpp>
 #include <loom/core/memory.hpp>
+#include <loom/pipeline/executor.hpp>
 #include <loom/pipeline/schedule.hpp>
 #include <loom/zero/adamw.hpp>
 #include <loom/zero/optimizer_state.hpp>
@@ -108,6 +109,7 @@ class trainer {
         model_(cfg, mesh_.tp(), mesh_.coord().pp, opt.mesh.pp, mr, static_cast<std::size_t>(opt.mesh.dp)),
         sched_(opt.schedule == "gpipe" ? loom::pipeline::gpipe(opt.mesh.pp, opt.micro_batches)
                                        : loom::pipeline::one_f_one_b(opt.mesh.pp, opt.micro_batches)),
+        exec_(sched_, mesh_.pp(), static_cast<std::size_t>(opt.micro_batch_size * opt.seq * cfg.dim), mr),
         dp_(static_cast<std::size_t>(opt.mesh.dp)), rank_(static_cast<std::size_t>(mesh_.coord().dp)),
         shard_(model_.size() / dp_),
         state_(opt.zero_stage >= 1 ? shard_ : model_.size(), loom::zero::offload_device::none, mr, mr),
@@ -144,58 +146,24 @@ class trainer {
 
   /// One optimizer step over dp * m micro-batches from `data`.
   step_stats step(const batch_fn& data) {
+    data_ = data;
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
     step_stats st;
     auto& pp = mesh_.pp();
     auto& dp = mesh_.dp();
-    const int stage = mesh_.coord().pp, m = opt_.micro_batches;
-    const index_t b = opt_.micro_batch_size, s = opt_.seq;
+    const int m = opt_.micro_batches;
     if (opt_.zero_stage == 3) {  // 1. gather this stage's parameters
       model_.ensure_params();
       dp.all_gather(std::span<const P>(param_shard_.span()), model_.params());
     }
     model_.ensure_grads();
     model_.zero_grad();
-    // 2. the pipeline schedule
+    // 2. the pipeline schedule, run by the executor through the stage adapter
     const auto tp0 = clock::now();
-    double local_loss = 0, busy = 0;
-    auto tokens = loom::make_view(static_cast<const std::int32_t*>(tokens_.data()), b, s);
-    auto targets = loom::make_view(static_cast<const std::int32_t*>(targets_.data()), b, s);
-    const T dloss = T(1) / T(m);
-    for (const loom::pipeline::op& o : sched_.ops[static_cast<std::size_t>(stage)]) {
-      const int mb = o.microbatch, tag = 2 * mb;
-      switch (o.kind) {
-        case loom::pipeline::op_kind::forward: {
-          data(step_, mesh_.coord().dp * m + mb, tokens_.span(), targets_.span());
-          const auto c0 = clock::now();
-          local_loss += double(model_.forward(mb, tokens, targets));
-          busy += seconds(c0, clock::now());
-          break;
-        }
-        case loom::pipeline::op_kind::backward: {
-          const auto c0 = clock::now();
-          model_.backward(mb, dloss);
-          busy += seconds(c0, clock::now());
-          if (model_.first_stage()) model_.release(mb);
-          break;
-        }
-        case loom::pipeline::op_kind::send_activation:
-          pp.send(std::span<const T>(model_.output(mb)), o.peer, tag);
-          break;
-        case loom::pipeline::op_kind::recv_activation:
-          pp.recv(model_.input(mb, b, s), o.peer, tag);
-          break;
-        case loom::pipeline::op_kind::send_gradient:
-          pp.send(std::span<const T>(model_.input_grad(mb)), o.peer, tag + 1);
-          model_.release(mb);
-          break;
-        case loom::pipeline::op_kind::recv_gradient:
-          pp.recv(model_.output_grad(mb), o.peer, tag + 1);
-          break;
-        case loom::pipeline::op_kind::optimizer_step: break;
-      }
-    }
+    stage_adapter run{this, step_, 0.0, 0.0};
+    exec_.run(run);
+    const double local_loss = run.loss, busy = run.busy;
     st.pipeline_seconds = seconds(tp0, clock::now());
     st.busy_seconds = busy;
     if (opt_.zero_stage == 3) model_.drop_params();
@@ -205,7 +173,7 @@ class trainer {
       std::span<T> gs(g.data(), tied->numel());
       tie_buf_ = loom::buffer<T>(gs.size(), *mr_);
       const int peer = model_.first_stage() ? opt_.mesh.pp - 1 : 0;
-      constexpr int to_last = 1 << 24, to_first = to_last + 1;  // above every micro-batch tag
+      constexpr int to_last = 32766, to_first = 32767;  // the executor's transfers are all matched by now
       if (model_.first_stage()) pp.send(std::span<const T>(gs), peer, to_last), pp.recv(tie_buf_.span(), peer, to_first);
       else pp.recv(tie_buf_.span(), peer, to_last), pp.send(std::span<const T>(gs), peer, to_first);
       for (std::size_t i = 0; i < gs.size(); ++i) gs[i] += tie_buf_[i];
@@ -292,6 +260,34 @@ class trainer {
   }
 
  private:
+  // What pipeline::executor calls: one pass of micro-batch mb on this stage (one chunk). The
+  // executor owns the tensors that cross stage boundaries; the model keeps what stays.
+  struct stage_adapter {
+    trainer* t;
+    std::int64_t step;
+    double loss, busy;
+    void forward(int mb, int, std::span<const T> input, std::span<T> output) {
+      auto& mdl = t->model_;
+      const index_t b = t->opt_.micro_batch_size, s = t->opt_.seq;
+      t->data_(step, t->mesh_.coord().dp * t->opt_.micro_batches + mb, t->tokens_.span(), t->targets_.span());
+      const auto c0 = std::chrono::steady_clock::now();
+      if (!input.empty()) std::copy(input.begin(), input.end(), mdl.input(mb, b, s).begin());
+      loss += double(mdl.forward(mb, loom::make_view(static_cast<const std::int32_t*>(t->tokens_.data()), b, s),
+                                 loom::make_view(static_cast<const std::int32_t*>(t->targets_.data()), b, s)));
+      if (!output.empty()) std::copy_n(mdl.output(mb).begin(), output.size(), output.begin());
+      busy += seconds(c0, std::chrono::steady_clock::now());
+    }
+    void backward(int mb, int, std::span<const T>, std::span<const T> grad_output, std::span<T> grad_input) {
+      auto& mdl = t->model_;
+      const auto c0 = std::chrono::steady_clock::now();
+      if (!grad_output.empty()) std::copy(grad_output.begin(), grad_output.end(), mdl.output_grad(mb).begin());
+      mdl.backward(mb, T(1) / T(t->opt_.micro_batches));
+      if (!grad_input.empty()) std::copy_n(mdl.input_grad(mb).begin(), grad_input.size(), grad_input.begin());
+      mdl.release(mb);
+      busy += seconds(c0, std::chrono::steady_clock::now());
+    }
+  };
+
   static double seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
   }
@@ -301,6 +297,8 @@ class trainer {
   loom::memory_resource* mr_;
   stage_model<P, T, C> model_;
   loom::pipeline::schedule sched_;
+  loom::pipeline::executor<T, C> exec_;
+  batch_fn data_;
   std::size_t dp_, rank_, shard_;
   loom::zero::optimizer_state state_;
   loom::buffer<std::int32_t> tokens_, targets_;
