@@ -1,77 +1,14 @@
 // 3D training (dp x tp x pp, ZeRO 0-3, GPipe / 1F1B) reproduces the (1,1,1) run: 20 steps of
 // losses within 1e-5 relative and the consolidated fp32 master weights equal. Computation in
 // double so that only the order of summation differs between meshes.
-#include <llama/train3d/train3d.hpp>
+#include "train3d_suite.hpp"
 
-#include <loom/comm/thread_comm.hpp>
-
-#include <doctest/doctest.h>
-
-#include <cmath>
 #include <limits>
-#include <string>
-#include <vector>
 
 using loom::comm::thread_comm;
 using trainer_t = llama3d::trainer<double, double, thread_comm>;
+using namespace train3d_suite;
 
-namespace {
-
-llama::config tiny(bool tied) {
-  llama::config c;
-  c.dim = 16, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 32, c.vocab = 32, c.seq_len = 8;
-  c.tied_output = tied;
-  return c;
-}
-
-struct run_result {
-  std::vector<double> losses;
-  std::vector<float> master;
-};
-
-constexpr int steps = 20;
-
-run_result run(loom::comm::mesh_shape mesh, int zero, const std::string& schedule, int m, bool tied) {
-  run_result out;
-  llama3d::train_options o;
-  o.mesh = mesh;
-  o.zero_stage = zero;
-  o.schedule = schedule;
-  o.micro_batches = m;
-  o.micro_batch_size = 2;
-  o.seq = 8;
-  o.adamw.lr = 3e-3f;
-  o.gradient_clipping = 0.5f;  // active in the first steps: the norm spans all three dimensions
-  const auto cfg = tiny(tied);
-  loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
-    trainer_t t(world, cfg, o, loom::default_resource<loom::host>());
-    std::vector<double> losses;
-    for (int s = 0; s < steps; ++s) {
-      auto st = t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
-        llama3d::counting_batch(7, step, g, o.micro_batch_size, o.seq, cfg.vocab, tok, tgt);
-      });
-      losses.push_back(st.loss);
-    }
-    auto master = t.consolidated_master();
-    if (world.rank() == 0) out = {losses, master};
-  });
-  return out;
-}
-
-void compare(const run_result& got, const run_result& want) {
-  REQUIRE(got.losses.size() == want.losses.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < want.losses.size(); ++i)
-    worst = std::max(worst, std::abs(got.losses[i] - want.losses[i]) / std::abs(want.losses[i]));
-  CHECK(worst < 1e-5);
-  REQUIRE(got.master.size() == want.master.size());
-  double pw = 0;
-  for (std::size_t i = 0; i < want.master.size(); ++i)
-    pw = std::max(pw, double(std::abs(got.master[i] - want.master[i])) / std::max(1.0, double(std::abs(want.master[i]))));
-  CHECK(pw < 1e-5);
-}
-
-}  // namespace
 
 TEST_CASE("3D meshes x ZeRO stages x schedules reproduce the (1,1,1) run") {
   const int m = 2;
