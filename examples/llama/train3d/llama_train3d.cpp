@@ -19,7 +19,7 @@
 namespace {
 
 const char* usage =
-    "usage: llama-train3d [--dp D] [--tp T] [--pp P] [--schedule gpipe|1f1b] [--zero 0|1|2|3]\n"
+    "usage: llama-train3d [--dp D] [--tp T] [--pp P] [--schedule gpipe|1f1b|interleaved] [--chunks V] [--zero 0|1|2|3]\n"
     "                     [--config ds_config.json] [--steps N] [--micro-batches M] [--batch B] [--seq S]\n"
     "                     [--dim D] [--n-layers L] [--n-heads H] [--n-kv-heads K] [--hidden-dim F] [--vocab V]\n"
     "                     [--tied] [--lr LR] [--clip C] [--seed S] [--print-every N]\n"
@@ -70,6 +70,7 @@ program_options parse(int argc, char** argv) {
     else if (a == "--tp") o.train.mesh.tp = number<int>(a, value());
     else if (a == "--pp") o.train.mesh.pp = number<int>(a, value());
     else if (a == "--schedule") o.train.schedule = value();
+    else if (a == "--chunks") o.train.chunks = number<int>(a, value());
     else if (a == "--zero") o.train.zero_stage = number<int>(a, value());
     else if (a == "--config") o.config_path = value();
     else if (a == "--steps") o.steps = number<std::int64_t>(a, value());
@@ -156,10 +157,11 @@ int main(int argc, char** argv) {
       for (int k = 0; k < world; ++k) {
         if (k == r) {
           std::lock_guard lock(io);
-          std::printf("  rank %d (dp=%d, tp=%d, pp=%d): layers [%lld, %lld)%s%s, model states %.1f KiB (params %.1f, grads %.1f, "
+          std::printf("  rank %d (dp=%d, tp=%d, pp=%d): layers [%lld, %lld)%s%s%s, model states %.1f KiB (params %.1f, grads %.1f, "
                       "optimizer %.1f), memory in use %.1f KiB\n",
                       r, c.dp, c.tp, c.pp, (long long)t.model().layers().first, (long long)t.model().layers().last,
-                      t.model().first_stage() ? " +embedding" : "", t.model().last_stage() ? " +norm+output" : "",
+                      t.model().first_stage() ? " +embedding" : "", t.chunks() > 1 ? " + more chunks" : "",
+                      t.model(t.chunks() - 1).last_stage() ? " +norm+output" : "",
                       (b.parameters + b.gradients + b.optimizer) / 1024.0, b.parameters / 1024.0, b.gradients / 1024.0,
                       b.optimizer / 1024.0, mr.current_bytes() / 1024.0);
           std::fflush(stdout);

@@ -43,6 +43,21 @@ TEST_CASE("tied embeddings stay synchronised across the first and last stage") {
   }
 }
 
+TEST_CASE("the interleaved schedule (2 chunks per stage) reproduces the (1,1,1) run") {
+  const int m = 2;
+  for (bool tied : {false, true}) {
+    const run_result base1 = run({1, 1, 1}, 0, "1f1b", m, tied, 4), base2 = run({1, 1, 1}, 0, "1f1b", 2 * m, tied, 4);
+    for (auto mesh : {loom::comm::mesh_shape{1, 1, 2}, {2, 2, 2}})
+      for (int zero : {0, 1, 3}) {
+        CAPTURE(tied);
+        CAPTURE(mesh.dp);
+        CAPTURE(mesh.pp);
+        CAPTURE(zero);
+        compare(run(mesh, zero, "interleaved", m, tied, 4, 2), mesh.dp == 1 ? base1 : base2);
+      }
+  }
+}
+
 TEST_CASE("ZeRO divides model states over dp") {
   llama3d::train_options o;
   o.mesh = {2, 2, 2};

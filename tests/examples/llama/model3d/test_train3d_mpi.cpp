@@ -1,5 +1,5 @@
 // The 3D trainer under mpirun (-np 4: meshes (2,2,1) and (1,2,2); -np 8: (2,2,2)), every
-// ZeRO stage and both schedules, against the (1,1,1) run computed in each process.
+// ZeRO stage and the three schedules, against the (1,1,1) run computed in each process.
 #include "train3d_suite.hpp"
 
 #include <loom/comm/mpi_comm.hpp>
@@ -26,5 +26,14 @@ TEST_CASE("3D training on MPI ranks reproduces the (1,1,1) run") {
         CAPTURE(sched);
         compare(run_rank(world, options(mesh, zero, sched, m), false), base);
       }
+    if (mesh.pp > 1) {  // interleaved 1F1B, 2 chunks per stage, on a 4-layer model
+      const run_result base4 = run({1, 1, 1}, 0, "1f1b", m * mesh.dp, false, 4);
+      for (int zero : {1, 3}) {
+        auto o = options(mesh, zero, "interleaved", m);
+        o.chunks = 2;
+        CAPTURE(zero);
+        compare(run_rank(world, o, false, 4), base4);
+      }
+    }
   }
 }

@@ -14,9 +14,9 @@
 
 namespace train3d_suite {
 
-inline llama::config tiny(bool tied) {
+inline llama::config tiny(bool tied, loom::index_t layers = 2) {
   llama::config c;
-  c.dim = 16, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 32, c.vocab = 32, c.seq_len = 8;
+  c.dim = 16, c.n_layers = layers, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 32, c.vocab = 32, c.seq_len = 8;
   c.tied_output = tied;
   return c;
 }
@@ -43,8 +43,8 @@ inline llama3d::train_options options(loom::comm::mesh_shape mesh, int zero, con
 
 /// This rank's part of a run over `world` (whose size is the mesh's); the result on every rank.
 template <loom::comm::communicator C>
-run_result run_rank(C& world, const llama3d::train_options& o, bool tied) {
-  const auto cfg = tiny(tied);
+run_result run_rank(C& world, const llama3d::train_options& o, bool tied, loom::index_t layers = 2) {
+  const auto cfg = tiny(tied, layers);
   llama3d::trainer<double, double, C> t(world, cfg, o, loom::default_resource<loom::host>());
   run_result out;
   for (int s = 0; s < steps; ++s) {
@@ -58,11 +58,13 @@ run_result run_rank(C& world, const llama3d::train_options& o, bool tied) {
 }
 
 /// A whole run on thread ranks.
-inline run_result run(loom::comm::mesh_shape mesh, int zero, const std::string& schedule, int m, bool tied) {
+inline run_result run(loom::comm::mesh_shape mesh, int zero, const std::string& schedule, int m, bool tied,
+                      loom::index_t layers = 2, int chunks = 1) {
   run_result out;
-  const auto o = options(mesh, zero, schedule, m);
+  auto o = options(mesh, zero, schedule, m);
+  o.chunks = chunks;
   loom::comm::run_ranks(mesh.size(), [&](loom::comm::thread_comm& world) {
-    auto r = run_rank(world, o, tied);
+    auto r = run_rank(world, o, tied, layers);
     if (world.rank() == 0) out = r;
   });
   return out;
