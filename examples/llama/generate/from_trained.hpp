@@ -11,9 +11,8 @@
 
 namespace llama {
 
-template <class P, loom::ops::compute_type T>
-llama_weights from_trained(const model<P, T>& m) {
-  const config& tc = m.cfg();
+/// The engine's view of a training config (same architecture, fp32 inference).
+inline llama_config engine_config_of(const config& tc) {
   llama_config c;
   c.dim = static_cast<std::int32_t>(tc.dim), c.hidden_dim = static_cast<std::int32_t>(tc.hidden_dim);
   c.n_layers = static_cast<std::int32_t>(tc.n_layers), c.n_heads = static_cast<std::int32_t>(tc.n_heads);
@@ -22,6 +21,12 @@ llama_weights from_trained(const model<P, T>& m) {
   c.norm_eps = static_cast<float>(tc.norm_eps), c.rope_theta = static_cast<float>(tc.rope_theta);
   c.rope_interleaved = tc.rope == loom::ops::rope_style::interleaved;
   c.shared_classifier = tc.tied_output;
+  return c;
+}
+
+template <class P, loom::ops::compute_type T>
+llama_weights from_trained(const model<P, T>& m) {
+  const llama_config c = engine_config_of(m.cfg());
   loom::io::tensor_map tensors;
   const auto flat = m.params();
   for (const auto& e : m.layout().entries()) {
