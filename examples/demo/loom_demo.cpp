@@ -38,10 +38,10 @@ const char* usage =
     "usage: loom-demo [--steps N] [--dp D] [--tp T] [--pp P] [--zero 0|1|2|3] [--out DIR] [--max-new N]\n"
     "  Trains a small LLaMA with ZeRO over dp x tp x pp thread ranks on the bundled corpus, saves a\n"
     "  sharded checkpoint, consolidates it, loads it into the paged-KV engine and generates.\n"
-    "  Defaults: --steps 150 --dp 2 --tp 2 --pp 2 --zero 3 --out loom-demo-out --max-new 40\n";
+    "  Defaults: --steps 200 --dp 2 --tp 2 --pp 2 --zero 3 --out loom-demo-out --max-new 40\n";
 
 struct options {
-  std::int64_t steps = 150;
+  std::int64_t steps = 200;
   loom::comm::mesh_shape mesh{2, 2, 2};
   int zero = 3;
   std::string out = "loom-demo-out";
