@@ -18,6 +18,13 @@ TEST_CASE("LOOM_CHECK formats the arguments and location") {
     CHECK(m.find("error_test.cpp:") != std::string::npos);
   }
   CHECK_NOTHROW(LOOM_CHECK(1 + 1 == 2, "never"));
+  try {
+    const std::array<long, 3> shape{2, 3, 4};
+    const std::vector<int> ids{7, -1};
+    LOOM_CHECK(false, "shape=", shape, " ids=", ids);
+  } catch (const loom::error& e) {
+    CHECK(std::string(e.what()).find("shape=[2, 3, 4] ids=[7, -1]") == 0);
+  }
   CHECK_THROWS_AS(LOOM_THROW("x=", 3), loom::error);
   static_assert(std::is_base_of_v<std::runtime_error, loom::error>);
 }

@@ -14,10 +14,13 @@
 
 #include <loom/core/config.hpp>
 
+#include <array>
+#include <ostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace loom {
 
@@ -29,10 +32,29 @@ class error : public std::runtime_error {
 
 namespace detail {
 
+/// Streams one part of a message. Fixed-size arrays and vectors (shapes, extents) print as
+/// [a, b, c]: std::array has no operator<< of its own and ADL would not find ours.
+template <class T>
+void stream_part(std::ostream& os, const T& v) {
+  os << v;
+}
+template <class T, std::size_t N>
+void stream_part(std::ostream& os, const std::array<T, N>& a) {
+  os << '[';
+  for (std::size_t i = 0; i < N; ++i) os << (i ? ", " : "") << a[i];
+  os << ']';
+}
+template <class T, class A>
+void stream_part(std::ostream& os, const std::vector<T, A>& a) {
+  os << '[';
+  for (std::size_t i = 0; i < a.size(); ++i) os << (i ? ", " : "") << a[i];
+  os << ']';
+}
+
 template <class... Parts>
-std::string concat(Parts&&... parts) {
+std::string concat(const Parts&... parts) {
   std::ostringstream os;
-  (os << ... << std::forward<Parts>(parts));
+  (stream_part(os, parts), ...);
   return os.str();
 }
 
