@@ -190,7 +190,7 @@ class stage_model {
   /// Tied embeddings over pp > 1: this rank's copy of tok_embeddings.weight that must stay
   /// equal to the other end's (nullopt when there is none).
   std::optional<loom::nn::param_slot<2>> tied_copy() const {
-    if (!cfg_.tied_output || stages_ == 1) return std::nullopt;
+    if (!cfg_.tied_output || stages_ == 1 || !(first_stage() || last_stage())) return std::nullopt;
     return first_stage() ? tok_embeddings_.weight() : output_.local().weight();
   }
 

@@ -5,10 +5,10 @@
 //
 // A step, on every rank:
 //   1. ZeRO-3: all-gather this stage's parameters over dp (they are sharded between steps).
-//   2. Run the pipeline schedule (GPipe or 1F1B, pipeline/schedule.hpp) op by op: forward /
-//      backward of a micro-batch on this stage, blocking send/recv of activations and
-//      gradients over the pp group. The schedule is data proven deadlock-free under blocking
-//      send/recv; this loop only executes it. Each micro-batch's loss is scaled by 1/m.
+//   2. Run the pipeline schedule (GPipe or 1F1B, pipeline/schedule.hpp) with
+//      pipeline::executor over the pp group: it proves the schedule, owns the tensors that
+//      cross stage boundaries and sends/receives them; this trainer's stage_adapter runs the
+//      forward / backward passes of the stage model. Each micro-batch's loss is scaled by 1/m.
 //   3. Tied embeddings with pp > 1: the first and last stage add each other's gradient of
 //      their tok_embeddings shard, so both copies take the same update.
 //   4. Gradients over dp: all-reduce (stage 0, 1) or reduce-scatter into this rank's slice
@@ -34,6 +34,7 @@
 #include <loom/comm/mesh.hpp>
 #include <loom/core/buffer.hpp>
 #include <loom/core/memory.hpp>
+#include <loom/pipeline/executor.hpp>
 #include <loom/pipeline/schedule.hpp>
 #include <loom/zero/adamw.hpp>
 #include <loom/zero/optimizer_state.hpp>
@@ -43,6 +44,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -52,7 +54,8 @@ namespace llama3d {
 struct train_options {
   loom::comm::mesh_shape mesh{};
   int zero_stage = 0;
-  std::string schedule = "1f1b";  ///< gpipe | 1f1b
+  std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved
+  int chunks = 1;                 ///< model chunks per stage (interleaved: v >= 1, m a multiple of pp)
   int micro_batches = 2;          ///< m, per data-parallel rank and step
   index_t micro_batch_size = 1;
   index_t seq = 16;
@@ -62,8 +65,9 @@ struct train_options {
 
   void validate() const {
     LOOM_CHECK(zero_stage >= 0 && zero_stage <= 3, "llama3d: zero_stage must be 0, 1, 2 or 3, got zero_stage=", zero_stage);
-    LOOM_CHECK(schedule == "gpipe" || schedule == "1f1b", "llama3d: schedule '", schedule,
-               "' is not supported (gpipe, 1f1b; interleaved needs several model chunks per stage)");
+    LOOM_CHECK(schedule == "gpipe" || schedule == "1f1b" || schedule == "interleaved", "llama3d: schedule '", schedule,
+               "' is not supported (gpipe, 1f1b, interleaved)");
+    LOOM_CHECK(chunks >= 1, "llama3d: chunks must be >= 1, got chunks=", chunks);
     LOOM_CHECK(micro_batches >= 1, "llama3d: micro_batches must be >= 1, got ", micro_batches);
     LOOM_CHECK(micro_batch_size >= 1 && seq >= 1, "llama3d: micro_batch_size=", micro_batch_size, " seq=", seq);
     LOOM_CHECK(gradient_clipping >= 0.f, "llama3d: gradient_clipping must be >= 0, got ", gradient_clipping);
@@ -99,138 +103,132 @@ struct step_stats {
 
 template <class P, loom::ops::compute_type T, loom::comm::communicator C>
 class trainer {
+  // One model chunk of this rank (virtual stage chunk * pp + stage) with its ZeRO state.
+  struct chunk_state {
+    std::unique_ptr<stage_model<P, T, C>> model;
+    std::size_t shard = 0;  // elements of each flat buffer this dp rank owns
+    std::unique_ptr<loom::zero::optimizer_state> state;
+    loom::buffer<T> grad_shard;   // ZeRO 2, 3
+    loom::buffer<P> param_shard;  // ZeRO 3
+    loom::buffer<P> send;         // ZeRO 1, 2: this rank's refreshed slice
+    std::vector<std::pair<std::size_t, std::size_t>> counted;  // canonical (offset, numel): norm
+  };
+
  public:
   using batch_fn = std::function<void(std::int64_t step, int global_mb, std::span<std::int32_t> tokens,
                                       std::span<std::int32_t> targets)>;
 
   trainer(C& world, const llama::config& cfg, const train_options& opt, loom::memory_resource& mr)
-      : opt_((opt.validate(), opt)), mesh_(world, opt.mesh), mr_(&mr),
-        model_(cfg, mesh_.tp(), mesh_.coord().pp, opt.mesh.pp, mr, static_cast<std::size_t>(opt.mesh.dp)),
-        sched_(opt.schedule == "gpipe" ? loom::pipeline::gpipe(opt.mesh.pp, opt.micro_batches)
-                                       : loom::pipeline::one_f_one_b(opt.mesh.pp, opt.micro_batches)),
+      : opt_((opt.validate(), opt)), mesh_(world, opt.mesh), mr_(&mr), sched_(make_schedule(cfg, opt)),
+        exec_(sched_, mesh_.pp(), static_cast<std::size_t>(opt.micro_batch_size * opt.seq * cfg.dim), mr),
         dp_(static_cast<std::size_t>(opt.mesh.dp)), rank_(static_cast<std::size_t>(mesh_.coord().dp)),
-        shard_(model_.size() / dp_),
-        state_(opt.zero_stage >= 1 ? shard_ : model_.size(), loom::zero::offload_device::none, mr, mr),
         tokens_(static_cast<std::size_t>(opt.micro_batch_size * opt.seq), mr),
         targets_(static_cast<std::size_t>(opt.micro_batch_size * opt.seq), mr) {
-    // fp32 master from the counter RNG (the model's init), then the ZeRO layout
-    model_.init(opt.seed);
-    auto master = state_.master();
-    auto p = model_.params();
-    const std::size_t first = opt.zero_stage >= 1 ? rank_ * shard_ : 0;
-    for (std::size_t i = 0; i < master.size(); ++i) master[i] = static_cast<float>(p[first + i]);
-    std::fill(state_.exp_avg().begin(), state_.exp_avg().end(), 0.f);
-    std::fill(state_.exp_avg_sq().begin(), state_.exp_avg_sq().end(), 0.f);
-    if (opt.zero_stage >= 2) grad_shard_ = loom::buffer<T>(shard_, mr);
-    if (opt.zero_stage == 3) {
-      param_shard_ = loom::buffer<P>(shard_, mr);
-      std::copy_n(p.begin() + static_cast<std::ptrdiff_t>(first), shard_, param_shard_.begin());
-      model_.drop_params();
+    const int p = opt.mesh.pp, v = sched_.chunks;
+    for (int c = 0; c < v; ++c) {
+      auto ck = std::make_unique<chunk_state>();
+      ck->model = std::make_unique<stage_model<P, T, C>>(cfg, mesh_.tp(), c * p + mesh_.coord().pp, p * v, mr, dp_);
+      auto& m = *ck->model;
+      ck->shard = m.size() / dp_;
+      ck->state = std::make_unique<loom::zero::optimizer_state>(opt.zero_stage >= 1 ? ck->shard : m.size(),
+                                                                loom::zero::offload_device::none, mr, mr);
+      // fp32 master from the counter RNG (the model's init), then the ZeRO layout
+      m.init(opt.seed);
+      auto master = ck->state->master();
+      auto prm = m.params();
+      const std::size_t first = opt.zero_stage >= 1 ? rank_ * ck->shard : 0;
+      for (std::size_t i = 0; i < master.size(); ++i) master[i] = static_cast<float>(prm[first + i]);
+      std::fill(ck->state->exp_avg().begin(), ck->state->exp_avg().end(), 0.f);
+      std::fill(ck->state->exp_avg_sq().begin(), ck->state->exp_avg_sq().end(), 0.f);
+      if (opt.zero_stage >= 2) ck->grad_shard = loom::buffer<T>(ck->shard, mr);
+      if (opt.zero_stage == 3) {
+        ck->param_shard = loom::buffer<P>(ck->shard, mr);
+        std::copy_n(prm.begin() + static_cast<std::ptrdiff_t>(first), ck->shard, ck->param_shard.begin());
+        m.drop_params();
+      }
+      if (opt.zero_stage >= 2) m.drop_grads();
+      if (opt.zero_stage == 1 || opt.zero_stage == 2) ck->send = loom::buffer<P>(ck->shard, mr);
+      for (const auto& sh : m.shards())
+        if (sh.replica == 0) ck->counted.push_back({sh.local_offset, static_cast<std::size_t>(sh.rows * sh.cols)});
+      chunks_.push_back(std::move(ck));
     }
-    if (opt.zero_stage >= 2) model_.drop_grads();
-    // elements whose gradient this rank counts in the global norm: canonical shards in its slice
-    for (const auto& s : model_.shards())
-      if (s.replica == 0) counted_.push_back({s.local_offset, static_cast<std::size_t>(s.rows * s.cols)});
-    send_ = loom::buffer<P>(shard_, mr);
   }
 
   const loom::comm::mesh<C>& mesh() const noexcept { return mesh_; }
   loom::comm::mesh<C>& mesh() noexcept { return mesh_; }
-  stage_model<P, T, C>& model() noexcept { return model_; }
+  /// Model chunk c of this rank (virtual stage c * pp + stage); one chunk unless interleaved.
+  stage_model<P, T, C>& model(int c = 0) noexcept { return *chunks_[static_cast<std::size_t>(c)]->model; }
+  int chunks() const noexcept { return static_cast<int>(chunks_.size()); }
   const loom::pipeline::schedule& schedule() const noexcept { return sched_; }
   std::int64_t steps() const noexcept { return step_; }
+  /// The learning rate of the next step (a schedule sets it before each step).
+  void set_lr(float lr) { opt_.adamw.lr = lr; }
 
   /// One optimizer step over dp * m micro-batches from `data`.
   step_stats step(const batch_fn& data) {
     using clock = std::chrono::steady_clock;
+    data_ = data;
     const auto t0 = clock::now();
     step_stats st;
     auto& pp = mesh_.pp();
     auto& dp = mesh_.dp();
-    const int stage = mesh_.coord().pp, m = opt_.micro_batches;
-    const index_t b = opt_.micro_batch_size, s = opt_.seq;
-    if (opt_.zero_stage == 3) {  // 1. gather this stage's parameters
-      model_.ensure_params();
-      dp.all_gather(std::span<const P>(param_shard_.span()), model_.params());
+    const int m = opt_.micro_batches;
+    for (auto& ck : chunks_) {
+      auto& md = *ck->model;
+      if (opt_.zero_stage == 3) {  // 1. gather this chunk's parameters
+        md.ensure_params();
+        dp.all_gather(std::span<const P>(ck->param_shard.span()), md.params());
+      }
+      md.ensure_grads();
+      md.zero_grad();
     }
-    model_.ensure_grads();
-    model_.zero_grad();
-    // 2. the pipeline schedule
+    // 2. the pipeline schedule, run by the executor through the stage adapter
     const auto tp0 = clock::now();
-    double local_loss = 0, busy = 0;
-    auto tokens = loom::make_view(static_cast<const std::int32_t*>(tokens_.data()), b, s);
-    auto targets = loom::make_view(static_cast<const std::int32_t*>(targets_.data()), b, s);
-    const T dloss = T(1) / T(m);
-    for (const loom::pipeline::op& o : sched_.ops[static_cast<std::size_t>(stage)]) {
-      const int mb = o.microbatch, tag = 2 * mb;
-      switch (o.kind) {
-        case loom::pipeline::op_kind::forward: {
-          data(step_, mesh_.coord().dp * m + mb, tokens_.span(), targets_.span());
-          const auto c0 = clock::now();
-          local_loss += double(model_.forward(mb, tokens, targets));
-          busy += seconds(c0, clock::now());
-          break;
-        }
-        case loom::pipeline::op_kind::backward: {
-          const auto c0 = clock::now();
-          model_.backward(mb, dloss);
-          busy += seconds(c0, clock::now());
-          if (model_.first_stage()) model_.release(mb);
-          break;
-        }
-        case loom::pipeline::op_kind::send_activation:
-          pp.send(std::span<const T>(model_.output(mb)), o.peer, tag);
-          break;
-        case loom::pipeline::op_kind::recv_activation:
-          pp.recv(model_.input(mb, b, s), o.peer, tag);
-          break;
-        case loom::pipeline::op_kind::send_gradient:
-          pp.send(std::span<const T>(model_.input_grad(mb)), o.peer, tag + 1);
-          model_.release(mb);
-          break;
-        case loom::pipeline::op_kind::recv_gradient:
-          pp.recv(model_.output_grad(mb), o.peer, tag + 1);
-          break;
-        case loom::pipeline::op_kind::optimizer_step: break;
+    stage_adapter run{this, step_, 0.0, 0.0};
+    exec_.run(run);
+    st.pipeline_seconds = seconds(tp0, clock::now());
+    st.busy_seconds = run.busy;
+    for (auto& ck : chunks_) {
+      auto& md = *ck->model;
+      if (opt_.zero_stage == 3) md.drop_params();
+      // 3. tied embedding copies (virtual stage 0 on pp rank 0, the last one on pp rank p-1)
+      if (auto tied = md.tied_copy()) {
+        auto g = tied->in(md.grads());
+        std::span<T> gs(g.data(), tied->numel());
+        loom::buffer<T> other(gs.size(), *mr_);
+        const int peer = md.first_stage() ? opt_.mesh.pp - 1 : 0;
+        constexpr int to_last = 32766, to_first = 32767;  // the executor's transfers are all matched by now
+        if (md.first_stage()) pp.send(std::span<const T>(gs), peer, to_last), pp.recv(other.span(), peer, to_first);
+        else pp.recv(other.span(), peer, to_last), pp.send(std::span<const T>(gs), peer, to_first);
+        for (std::size_t i = 0; i < gs.size(); ++i) gs[i] += other[i];
       }
     }
-    st.pipeline_seconds = seconds(tp0, clock::now());
-    st.busy_seconds = busy;
-    if (opt_.zero_stage == 3) model_.drop_params();
-    // 3. tied embedding copies
-    if (auto tied = model_.tied_copy()) {
-      auto g = tied->in(model_.grads());
-      std::span<T> gs(g.data(), tied->numel());
-      tie_buf_ = loom::buffer<T>(gs.size(), *mr_);
-      const int peer = model_.first_stage() ? opt_.mesh.pp - 1 : 0;
-      constexpr int to_last = 1 << 24, to_first = to_last + 1;  // above every micro-batch tag
-      if (model_.first_stage()) pp.send(std::span<const T>(gs), peer, to_last), pp.recv(tie_buf_.span(), peer, to_first);
-      else pp.recv(tie_buf_.span(), peer, to_last), pp.send(std::span<const T>(gs), peer, to_first);
-      for (std::size_t i = 0; i < gs.size(); ++i) gs[i] += tie_buf_[i];
-      tie_buf_.release();
-    }
-    // 4. gradients over dp
-    std::span<T> grad;  // the part this rank steps
-    if (opt_.zero_stage >= 2) {
-      dp.reduce_scatter(std::span<const T>(model_.grads()), grad_shard_.span(), loom::comm::reduce_op::sum);
-      model_.drop_grads();
-      grad = grad_shard_.span();
-    } else {
-      dp.all_reduce(std::span<const T>(model_.grads()), model_.grads(), loom::comm::reduce_op::sum);
-      grad = opt_.zero_stage == 1 ? model_.grads().subspan(rank_ * shard_, shard_) : model_.grads();
-    }
-    // 5. global norm over dp x tp x pp
-    float scale = 1.f / static_cast<float>(dp_);
+    // 4. gradients over dp, 5. the squares this rank counts in the global norm
+    std::vector<std::span<T>> grad(chunks_.size());  // the part this rank steps, per chunk
     double sq = 0;
-    const std::size_t lo = rank_ * shard_, hi = lo + shard_, base = opt_.zero_stage >= 1 ? lo : 0;
-    for (const auto& [off, n] : counted_) {
-      const std::size_t b0 = std::max(off, lo), b1 = std::min(off + n, hi);
-      for (std::size_t i = b0; i < b1; ++i) sq += double(grad[i - base]) * double(grad[i - base]);
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      auto& ck = *chunks_[c];
+      auto& md = *ck.model;
+      if (opt_.zero_stage >= 2) {
+        dp.reduce_scatter(std::span<const T>(md.grads()), ck.grad_shard.span(), loom::comm::reduce_op::sum);
+        md.drop_grads();
+        grad[c] = ck.grad_shard.span();
+      } else {
+        dp.all_reduce(std::span<const T>(md.grads()), md.grads(), loom::comm::reduce_op::sum);
+        grad[c] = opt_.zero_stage == 1 ? md.grads().subspan(rank_ * ck.shard, ck.shard) : md.grads();
+      }
+      const std::size_t lo = rank_ * ck.shard, hi = lo + ck.shard, base = opt_.zero_stage >= 1 ? lo : 0;
+      for (const auto& [off, n] : ck.counted) {
+        const std::size_t b0 = std::max(off, lo), b1 = std::min(off + n, hi);
+        for (std::size_t i = b0; i < b1; ++i) sq += double(grad[c][i - base]) * double(grad[c][i - base]);
+      }
     }
+    float scale = 1.f / static_cast<float>(dp_);
     mesh_.world().all_reduce(std::span<const double>(&sq, 1), std::span<double>(&sq, 1), loom::comm::reduce_op::sum);
     st.grad_norm = std::sqrt(sq) * scale;
-    // the loss of the global batch (last stage, tp rank 0 holds it)
-    double loss = (model_.last_stage() && mesh_.coord().tp == 0) ? local_loss / double(m) / double(dp_) : 0.0;
+    // the loss of the global batch (the last virtual stage's tp rank 0 ranks hold it)
+    const bool holds_loss = chunks_.back()->model->last_stage() && mesh_.coord().tp == 0;
+    double loss = holds_loss ? run.loss / double(m) / double(dp_) : 0.0;
     mesh_.world().all_reduce(std::span<const double>(&loss, 1), std::span<double>(&loss, 1), loom::comm::reduce_op::sum);
     st.loss = loss;
     if (!std::isfinite(st.grad_norm)) {
@@ -242,17 +240,21 @@ class trainer {
       scale *= static_cast<float>(opt_.gradient_clipping / st.grad_norm);
     // 6. AdamW on the master, then refresh the parameters
     ++step_;
-    loom::zero::adamw_step<T>(state_.master(), std::span<const T>(grad), state_.exp_avg(), state_.exp_avg_sq(),
-                              opt_.adamw, step_, scale);
-    auto master = state_.master();
-    if (opt_.zero_stage == 0) {
-      auto p = model_.params();
-      for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<P>(master[i]);
-    } else if (opt_.zero_stage == 3) {
-      for (std::size_t i = 0; i < shard_; ++i) param_shard_[i] = static_cast<P>(master[i]);
-    } else {
-      for (std::size_t i = 0; i < shard_; ++i) send_[i] = static_cast<P>(master[i]);
-      dp.all_gather(std::span<const P>(send_.span()), model_.params());
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      auto& ck = *chunks_[c];
+      auto& md = *ck.model;
+      loom::zero::adamw_step<T>(ck.state->master(), std::span<const T>(grad[c]), ck.state->exp_avg(), ck.state->exp_avg_sq(),
+                                opt_.adamw, step_, scale);
+      auto master = ck.state->master();
+      if (opt_.zero_stage == 0) {
+        auto prm = md.params();
+        for (std::size_t i = 0; i < prm.size(); ++i) prm[i] = static_cast<P>(master[i]);
+      } else if (opt_.zero_stage == 3) {
+        for (std::size_t i = 0; i < ck.shard; ++i) ck.param_shard[i] = static_cast<P>(master[i]);
+      } else {
+        for (std::size_t i = 0; i < ck.shard; ++i) ck.send[i] = static_cast<P>(master[i]);
+        dp.all_gather(std::span<const P>(ck.send.span()), md.params());
+      }
     }
     st.seconds = seconds(t0, clock::now());
     return st;
@@ -262,17 +264,20 @@ class trainer {
   /// every rank; collective over the world.
   std::vector<float> consolidated_master() {
     auto& dp = mesh_.dp();
-    loom::buffer<float> full_local(model_.size(), *mr_);
-    auto master = state_.master();
-    if (opt_.zero_stage >= 1) dp.all_gather(std::span<const float>(master), full_local.span());
-    else std::copy(master.begin(), master.end(), full_local.begin());
-    const auto full = full_layout(model_.cfg());
+    const auto full = full_layout(chunks_.front()->model->cfg());
     std::vector<float> out(full.size(), 0.f);
-    tp::shard_list canon;
-    for (const auto& s : model_.shards())
-      if (s.replica == 0 && mesh_.coord().dp == 0) canon.push_back(s);
-    tp::store_shards(canon, std::span<const float>(full_local.span()), std::span<float>(out),
-                     [&](const std::string& n) { return model_.full_offset(n); });
+    for (auto& ck : chunks_) {
+      auto& md = *ck->model;
+      loom::buffer<float> full_local(md.size(), *mr_);
+      auto master = ck->state->master();
+      if (opt_.zero_stage >= 1) dp.all_gather(std::span<const float>(master), full_local.span());
+      else std::copy(master.begin(), master.end(), full_local.begin());
+      tp::shard_list canon;
+      for (const auto& s : md.shards())
+        if (s.replica == 0 && mesh_.coord().dp == 0) canon.push_back(s);
+      tp::store_shards(canon, std::span<const float>(full_local.span()), std::span<float>(out),
+                       [&](const std::string& n) { return md.full_offset(n); });
+    }
     // every element is written by exactly one rank (dp 0, replica 0); the others hold 0
     mesh_.world().all_reduce(std::span<const float>(out), std::span<float>(out), loom::comm::reduce_op::sum);
     return out;
@@ -280,16 +285,59 @@ class trainer {
 
   /// Model-state bytes of this rank: parameters, gradients, optimizer (what ZeRO divides).
   struct state_bytes {
-    std::size_t parameters, gradients, optimizer;
+    std::size_t parameters = 0, gradients = 0, optimizer = 0;
   };
   state_bytes bytes() const noexcept {
-    const std::size_t n = model_.size();
-    const std::size_t params = opt_.zero_stage == 3 ? shard_ * sizeof(P) : n * sizeof(P);
-    const std::size_t grads = opt_.zero_stage >= 2 ? shard_ * sizeof(T) : n * sizeof(T);
-    return {params, grads, 3 * (opt_.zero_stage >= 1 ? shard_ : n) * sizeof(float)};
+    state_bytes b;
+    for (const auto& ck : chunks_) {
+      const std::size_t n = ck->model->size(), s = ck->shard;
+      b.parameters += opt_.zero_stage == 3 ? s * sizeof(P) : n * sizeof(P);
+      b.gradients += opt_.zero_stage >= 2 ? s * sizeof(T) : n * sizeof(T);
+      b.optimizer += 3 * (opt_.zero_stage >= 1 ? s : n) * sizeof(float);
+    }
+    return b;
   }
 
  private:
+  static loom::pipeline::schedule make_schedule(const llama::config& cfg, const train_options& o) {
+    const int p = o.mesh.pp, m = o.micro_batches;
+    LOOM_CHECK(o.schedule == "interleaved" || o.chunks == 1, "llama3d: chunks=", o.chunks,
+               " needs --schedule interleaved (", o.schedule, " runs one chunk per stage)");
+    LOOM_CHECK(cfg.n_layers >= p * o.chunks, "llama3d: n_layers (", cfg.n_layers, ") must be >= pp x chunks (", p, " x ",
+               o.chunks, "): every model chunk needs a layer");
+    if (o.schedule == "gpipe") return loom::pipeline::gpipe(p, m);
+    if (o.schedule == "1f1b") return loom::pipeline::one_f_one_b(p, m);
+    return loom::pipeline::interleaved_one_f_one_b(p, m, o.chunks);
+  }
+
+  // What pipeline::executor calls: one pass of micro-batch mb on model chunk c. The executor
+  // owns the tensors that cross stage boundaries; the model keeps what stays.
+  struct stage_adapter {
+    trainer* t;
+    std::int64_t step;
+    double loss, busy;
+    void forward(int mb, int c, std::span<const T> input, std::span<T> output) {
+      auto& mdl = t->model(c);
+      const index_t b = t->opt_.micro_batch_size, s = t->opt_.seq;
+      t->data_(step, t->mesh_.coord().dp * t->opt_.micro_batches + mb, t->tokens_.span(), t->targets_.span());
+      const auto c0 = std::chrono::steady_clock::now();
+      if (!input.empty()) std::copy(input.begin(), input.end(), mdl.input(mb, b, s).begin());
+      loss += double(mdl.forward(mb, loom::make_view(static_cast<const std::int32_t*>(t->tokens_.data()), b, s),
+                                 loom::make_view(static_cast<const std::int32_t*>(t->targets_.data()), b, s)));
+      if (!output.empty()) std::copy_n(mdl.output(mb).begin(), output.size(), output.begin());
+      busy += seconds(c0, std::chrono::steady_clock::now());
+    }
+    void backward(int mb, int c, std::span<const T>, std::span<const T> grad_output, std::span<T> grad_input) {
+      auto& mdl = t->model(c);
+      const auto c0 = std::chrono::steady_clock::now();
+      if (!grad_output.empty()) std::copy(grad_output.begin(), grad_output.end(), mdl.output_grad(mb).begin());
+      mdl.backward(mb, T(1) / T(t->opt_.micro_batches));
+      if (!grad_input.empty()) std::copy_n(mdl.input_grad(mb).begin(), grad_input.size(), grad_input.begin());
+      mdl.release(mb);
+      busy += seconds(c0, std::chrono::steady_clock::now());
+    }
+  };
+
   static double seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
   }
@@ -297,14 +345,12 @@ class trainer {
   train_options opt_;
   loom::comm::mesh<C> mesh_;
   loom::memory_resource* mr_;
-  stage_model<P, T, C> model_;
   loom::pipeline::schedule sched_;
-  std::size_t dp_, rank_, shard_;
-  loom::zero::optimizer_state state_;
+  loom::pipeline::executor<T, C> exec_;
+  batch_fn data_;
+  std::size_t dp_, rank_;
   loom::buffer<std::int32_t> tokens_, targets_;
-  loom::buffer<T> grad_shard_, tie_buf_;
-  loom::buffer<P> param_shard_, send_;
-  std::vector<std::pair<std::size_t, std::size_t>> counted_;
+  std::vector<std::unique_ptr<chunk_state>> chunks_;
   std::int64_t step_ = 0;
 };
 

@@ -123,9 +123,13 @@ TEST_CASE("bad meshes and splits are refused with an error naming them") {
     CHECK_THROWS_WITH_AS((llama3d::trainer<float, float, thread_comm>(w, c, o, loom::default_resource<loom::host>())),
                          doctest::Contains("must equal the world size 1"), loom::error);
     o.mesh = {1, 1, 1};
-    o.schedule = "interleaved";
+    o.schedule = "zigzag";
     CHECK_THROWS_WITH_AS((llama3d::trainer<float, float, thread_comm>(w, c, o, loom::default_resource<loom::host>())),
-                         doctest::Contains("schedule 'interleaved' is not supported"), loom::error);
+                         doctest::Contains("schedule 'zigzag' is not supported"), loom::error);
+    o.schedule = "interleaved";
+    o.chunks = 4;  // 1 stage x 4 chunks > 3 layers
+    CHECK_THROWS_WITH_AS((llama3d::trainer<float, float, thread_comm>(w, c, o, loom::default_resource<loom::host>())),
+                         doctest::Contains("n_layers (3) must be >= pp x chunks (1 x 4)"), loom::error);
   });
   loom::comm::run_ranks(4, [](thread_comm& w) {
     auto c = small();

@@ -1,0 +1,191 @@
+// llama-train3d: train a LLaMA over data x tensor x pipeline thread ranks with ZeRO 0-3 on the
+// data-parallel groups. Prints the mesh and each rank's memory at start, then progress lines.
+// The corpus is the synthetic counting stream of train3d.hpp (learnable, the same for every
+// mesh, so runs on different meshes print the same losses).
+#include "train3d.hpp"
+
+#include <loom/comm/thread_comm.hpp>
+#include <loom/io/ds_config.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+const char* usage =
+    "usage: llama-train3d [--dp D] [--tp T] [--pp P] [--schedule gpipe|1f1b|interleaved] [--chunks V] [--zero 0|1|2|3]\n"
+    "                     [--config ds_config.json] [--steps N] [--micro-batches M] [--batch B] [--seq S]\n"
+    "                     [--dim D] [--n-layers L] [--n-heads H] [--n-kv-heads K] [--hidden-dim F] [--vocab V]\n"
+    "                     [--tied] [--lr LR] [--clip C] [--seed S] [--print-every N]\n"
+    "  Ranks are threads (dp*tp*pp of them). A config's zero stage, micro batch, gradient\n"
+    "  accumulation (= micro-batches per step), optimizer, scheduler and clipping win over the flags.\n";
+
+struct bad_args : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <class T>
+T number(const std::string& flag, const std::string& v) {
+  std::istringstream is(v);
+  T x{};
+  is >> x;
+  if (!is || !is.eof()) throw bad_args("flag " + flag + " needs a number, got '" + v + "'");
+  return x;
+}
+
+struct program_options {
+  llama::config cfg;
+  llama3d::train_options train;
+  std::string config_path;
+  std::int64_t steps = 20;
+  int print_every = 1;
+  bool help = false;
+};
+
+program_options parse(int argc, char** argv) {
+  program_options o;
+  o.cfg.dim = 64, o.cfg.n_layers = 4, o.cfg.n_heads = 4, o.cfg.n_kv_heads = 2, o.cfg.hidden_dim = 128;
+  o.cfg.vocab = 256, o.cfg.seq_len = 64;
+  o.train.mesh = {2, 2, 2};
+  o.train.seq = 64;
+  o.train.micro_batch_size = 2;
+  o.train.micro_batches = 4;
+  o.train.zero_stage = 3;
+  o.train.adamw.lr = 3e-3f;
+  o.train.gradient_clipping = 1.f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw bad_args("flag " + a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") o.help = true;
+    else if (a == "--dp") o.train.mesh.dp = number<int>(a, value());
+    else if (a == "--tp") o.train.mesh.tp = number<int>(a, value());
+    else if (a == "--pp") o.train.mesh.pp = number<int>(a, value());
+    else if (a == "--schedule") o.train.schedule = value();
+    else if (a == "--chunks") o.train.chunks = number<int>(a, value());
+    else if (a == "--zero") o.train.zero_stage = number<int>(a, value());
+    else if (a == "--config") o.config_path = value();
+    else if (a == "--steps") o.steps = number<std::int64_t>(a, value());
+    else if (a == "--micro-batches") o.train.micro_batches = number<int>(a, value());
+    else if (a == "--batch") o.train.micro_batch_size = number<loom::index_t>(a, value());
+    else if (a == "--seq") o.train.seq = number<loom::index_t>(a, value());
+    else if (a == "--dim") o.cfg.dim = number<loom::index_t>(a, value());
+    else if (a == "--n-layers") o.cfg.n_layers = number<loom::index_t>(a, value());
+    else if (a == "--n-heads") o.cfg.n_heads = number<loom::index_t>(a, value());
+    else if (a == "--n-kv-heads") o.cfg.n_kv_heads = number<loom::index_t>(a, value());
+    else if (a == "--hidden-dim") o.cfg.hidden_dim = number<loom::index_t>(a, value());
+    else if (a == "--vocab") o.cfg.vocab = number<loom::index_t>(a, value());
+    else if (a == "--tied") o.cfg.tied_output = true;
+    else if (a == "--lr") o.train.adamw.lr = number<float>(a, value());
+    else if (a == "--clip") o.train.gradient_clipping = number<float>(a, value());
+    else if (a == "--seed") o.train.seed = number<std::uint64_t>(a, value());
+    else if (a == "--print-every") o.print_every = number<int>(a, value());
+    else throw bad_args("unknown flag '" + a + "'");
+  }
+  o.cfg.seq_len = std::max(o.cfg.seq_len, o.train.seq);
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  program_options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llama-train3d: %s\n%s", e.what(), usage);
+    return 2;
+  }
+  if (o.help) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  try {
+    loom::optim::any_lr_schedule schedule{loom::optim::constant_lr{o.train.adamw.lr}};
+    if (!o.config_path.empty()) {
+      auto c = loom::io::load_ds_config(o.config_path);
+      loom::io::ds_context ctx;
+      ctx.world_size = o.train.mesh.dp;
+      ctx.hidden_size = o.cfg.dim;
+      ctx.total_steps = o.steps;
+      ctx.lr = o.train.adamw.lr;
+      ctx.gradient_clipping = o.train.gradient_clipping;
+      ctx.micro_batch = o.train.micro_batch_size;
+      ctx.grad_accum = o.train.micro_batches;
+      loom::io::resolve_ds_config(c, ctx);
+      LOOM_CHECK(c.precision() == loom::dtype::f32, "llama-train3d: the 3D trainer runs in fp32; the config asks for ",
+                 std::string(loom::dtype_name(c.precision())));
+      LOOM_CHECK(c.zero.offload_optimizer.device == loom::io::offload_device::none &&
+                     c.zero.offload_param.device == loom::io::offload_device::none,
+                 "llama-train3d: offload is not supported by the 3D trainer (zero_optimization.offload_*)");
+      o.train.zero_stage = c.zero.stage;
+      o.train.micro_batch_size = c.train_micro_batch_size_per_gpu;
+      o.train.micro_batches = static_cast<int>(c.gradient_accumulation_steps);
+      o.train.gradient_clipping = c.gradient_clipping.value;
+      o.train.adamw = {c.optimizer.lr.value, c.optimizer.beta1.value, c.optimizer.beta2.value, c.optimizer.eps.value,
+                       c.optimizer.weight_decay.value};
+      schedule = c.lr_schedule();
+      for (const auto& w : c.warnings) std::fprintf(stderr, "llama-train3d: warning: %s\n", w.c_str());
+    }
+    const auto mesh = o.train.mesh;
+    const int world = mesh.size();
+    LOOM_CHECK(world >= 1 && world <= 256, "llama-train3d: dp*tp*pp = ", world, " ranks (1..256)");
+    std::vector<std::unique_ptr<loom::host_memory_resource>> mem;
+    for (int r = 0; r < world; ++r) mem.push_back(std::make_unique<loom::host_memory_resource>("rank " + std::to_string(r)));
+    std::mutex io;
+    loom::comm::run_ranks(world, [&](loom::comm::thread_comm& comm) {
+      const int r = comm.rank();
+      auto& mr = *mem[static_cast<std::size_t>(r)];
+      llama3d::trainer<float, float, loom::comm::thread_comm> t(comm, o.cfg, o.train, mr);
+      const auto c = t.mesh().coord();
+      const auto b = t.bytes();
+      if (r == 0)
+        std::printf("llama-train3d: mesh dp=%d x tp=%d x pp=%d (%d thread ranks), ZeRO-%d, schedule %s, m=%d micro-batches of "
+                    "[%lld, %lld], model dim=%lld layers=%lld heads=%lld/%lld vocab=%lld\n",
+                    mesh.dp, mesh.tp, mesh.pp, world, o.train.zero_stage, o.train.schedule.c_str(), o.train.micro_batches,
+                    (long long)o.train.micro_batch_size, (long long)o.train.seq, (long long)o.cfg.dim,
+                    (long long)o.cfg.n_layers, (long long)o.cfg.n_heads, (long long)o.cfg.n_kv_heads, (long long)o.cfg.vocab);
+      comm.barrier();
+      for (int k = 0; k < world; ++k) {
+        if (k == r) {
+          std::lock_guard lock(io);
+          std::printf("  rank %d (dp=%d, tp=%d, pp=%d): layers [%lld, %lld)%s%s%s, model states %.1f KiB (params %.1f, grads %.1f, "
+                      "optimizer %.1f), memory in use %.1f KiB\n",
+                      r, c.dp, c.tp, c.pp, (long long)t.model().layers().first, (long long)t.model().layers().last,
+                      t.model().first_stage() ? " +embedding" : "", t.chunks() > 1 ? " + more chunks" : "",
+                      t.model(t.chunks() - 1).last_stage() ? " +norm+output" : "",
+                      (b.parameters + b.gradients + b.optimizer) / 1024.0, b.parameters / 1024.0, b.gradients / 1024.0,
+                      b.optimizer / 1024.0, mr.current_bytes() / 1024.0);
+          std::fflush(stdout);
+        }
+        comm.barrier();
+      }
+      const double tokens = double(mesh.dp) * o.train.micro_batches * double(o.train.micro_batch_size * o.train.seq);
+      for (std::int64_t s = 0; s < o.steps; ++s) {
+        t.set_lr(schedule.lr(s));
+        auto st = t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+          llama3d::counting_batch(o.train.seed, step, g, o.train.micro_batch_size, o.train.seq, o.cfg.vocab, tok, tgt);
+        });
+        double peak = double(mr.peak_bytes());
+        comm.all_reduce(std::span<const double>(&peak, 1), std::span<double>(&peak, 1), loom::comm::reduce_op::max);
+        double secs = st.seconds;
+        comm.all_reduce(std::span<const double>(&secs, 1), std::span<double>(&secs, 1), loom::comm::reduce_op::max);
+        if (r == 0 && (s % o.print_every == 0 || s + 1 == o.steps))
+          std::printf("step %4lld  loss %.4f  grad_norm %.3f%s  %.0f tokens/s  peak memory/rank %.1f KiB\n", (long long)s + 1,
+                      st.loss, st.grad_norm, st.skipped ? " (skipped: overflow)" : "", tokens / secs, peak / 1024.0);
+      }
+    });
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llama-train3d: %s\n", e.what());
+    return 1;
+  }
+}
