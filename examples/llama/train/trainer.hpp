@@ -370,8 +370,11 @@ inline train_result run(const options& o, std::ostream* log) {
     *log << "llama-train: dim " << o.model.dim << ", layers " << o.model.n_layers << ", heads " << o.model.n_heads << "/"
          << o.model.n_kv_heads << ", vocab " << o.model.vocab << ", seq " << o.model.seq_len << " | " << loom::dtype_name(c.precision())
          << " | micro batch " << c.train_micro_batch_size_per_gpu << " x accumulation " << c.gradient_accumulation_steps << std::endl;
-  if (o.ranks > 1 || c.zero.stage > 0 || c.zero.offload_optimizer.device != loom::io::offload_device::none)
+  if (o.ranks > 1 || c.zero.stage > 0 || c.zero.offload_optimizer.device != loom::io::offload_device::none) {
+    for (const auto& d : o.data)
+      LOOM_CHECK(!d.ends_with(".jsonl"), "llama-train: chat data (", d, ") is single-rank for now; use --ranks 1 and ZeRO stage 0");
     return run_zero(o, c, log);
+  }
   switch (c.precision()) {
     case loom::dtype::bf16: return run_as<loom::bfloat16>(o, c, log);
     case loom::dtype::f16: return run_as<loom::half>(o, c, log);
