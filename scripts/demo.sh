@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/configure.sh
 cmake --build build --target loom-demo
-./build/examples/demo/loom-demo
+export OPENBLAS_NUM_THREADS=1  # 8 thread ranks share the cores
+./build/examples/demo/loom-demo "$@"

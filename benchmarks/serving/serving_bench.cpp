@@ -245,6 +245,10 @@ int main(int argc, char** argv) {
               o.requests, o.min_prompt, o.max_prompt, o.min_output, o.max_output, o.long_percent, o.min_long, o.max_long,
               o.kv_tokens,
               o.kv_tokens * 2.0 * c.n_layers * c.kv_dim() * 4 / 1048576.0, o.block_size, o.budget);
+  std::int64_t prompt_tokens = 0, output_tokens = 0;
+  for (auto& it : wl) prompt_tokens += static_cast<std::int64_t>(it.prompt.size()), output_tokens += it.output;
+  std::printf("useful work: %lld prompt + %lld output tokens\n\n", static_cast<long long>(prompt_tokens),
+              static_cast<long long>(output_tokens));
   const result s = static_batching(w, wl, o);
   const result r = continuous(w, wl, o);
   std::printf("| batching | batch size | CPU s | wall s | useful tokens / CPU s | tokens computed | steps | KV waste | "

@@ -1,77 +1,253 @@
-// loom-demo: what the README's first command ends in. For now it exercises the core on one
-// machine and says what it did; it grows into train -> checkpoint -> serve as loom does.
-#include <loom/core.hpp>
+// loom-demo: the whole mission on one machine in a few minutes.
+//
+//   1. Train a small LLaMA on the bundled (generated, byte-level) corpus with ZeRO-3 over
+//      data x tensor x pipeline parallel thread ranks (default 2 x 2 x 2 = 8 ranks, 1F1B),
+//      printing step, loss, tokens/s and memory per rank.
+//   2. Save a sharded checkpoint: every rank writes its slice of the consolidated fp32
+//      weights as a safetensors file; then consolidate the shards into one safetensors file
+//      with Meta's tensor names.
+//   3. Load that file into the paged-KV inference engine and generate, in one continuous
+//      batch, completions of a batch of prompts; print them and the throughput.
+//
+// Every part is a loom primitive or an example built from them: thread_comm and mesh
+// (comm), pipeline schedules and executor (pipeline), ZeRO stage 3 (zero), tensor-parallel
+// layers (nn/tp), AdamW and the warmup-cosine schedule (optim), safetensors (io), the block
+// allocator, scheduler and paged attention (kv).
+
+#include <llama/generate/from_trained.hpp>
+#include <llama/generate/llama_engine.hpp>
+#include <llama/model/llama.hpp>
+#include <llama/train3d/train3d.hpp>
+#include <synthetic_corpus.hpp>
+
+#include <loom/comm/thread_comm.hpp>
+#include <loom/io/safetensors.hpp>
+#include <loom/optim/lr_schedule.hpp>
 
 #include <chrono>
 #include <cstdio>
-#include <cstring>
-#include <deque>
+#include <filesystem>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
+namespace {
+
+const char* usage =
+    "usage: loom-demo [--steps N] [--dp D] [--tp T] [--pp P] [--zero 0|1|2|3] [--out DIR] [--max-new N]\n"
+    "  Trains a small LLaMA with ZeRO over dp x tp x pp thread ranks on the bundled corpus, saves a\n"
+    "  sharded checkpoint, consolidates it, loads it into the paged-KV engine and generates.\n"
+    "  Defaults: --steps 200 --dp 2 --tp 2 --pp 2 --zero 3 --out loom-demo-out --max-new 40\n";
+
+struct options {
+  std::int64_t steps = 200;
+  loom::comm::mesh_shape mesh{2, 2, 2};
+  int zero = 3;
+  std::string out = "loom-demo-out";
+  int max_new = 40;
+};
+
+int parse_int(const std::string& flag, const std::string& v) {
+  std::istringstream is(v);
+  long long x = 0;
+  is >> x;
+  LOOM_CHECK(is && is.eof(), "flag ", flag, " needs an integer, got '", v, "'");
+  return static_cast<int>(x);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::printf("usage: loom-demo\n  Runs loom's demo on this machine and prints what it did.\n");
-      return 0;
+  options o;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto value = [&]() -> std::string {
+        LOOM_CHECK(i + 1 < argc, "flag ", a, " needs a value");
+        return argv[++i];
+      };
+      if (a == "--help" || a == "-h") {
+        std::fputs(usage, stdout);
+        return 0;
+      } else if (a == "--steps") o.steps = parse_int(a, value());
+      else if (a == "--dp") o.mesh.dp = parse_int(a, value());
+      else if (a == "--tp") o.mesh.tp = parse_int(a, value());
+      else if (a == "--pp") o.mesh.pp = parse_int(a, value());
+      else if (a == "--zero") o.zero = parse_int(a, value());
+      else if (a == "--out") o.out = value();
+      else if (a == "--max-new") o.max_new = parse_int(a, value());
+      else LOOM_THROW("unknown flag '", a, "'");
     }
-    std::fprintf(stderr, "loom-demo: unknown argument '%s'\nusage: loom-demo [--help]\n", argv[i]);
+    LOOM_CHECK(o.steps >= 1, "--steps must be >= 1, got ", o.steps);
+    LOOM_CHECK(o.mesh.dp >= 1 && o.mesh.tp >= 1 && o.mesh.pp >= 1 && o.mesh.size() <= 64, "mesh dp=", o.mesh.dp,
+               " tp=", o.mesh.tp, " pp=", o.mesh.pp, " must have 1..64 ranks");
+    LOOM_CHECK(o.max_new >= 1, "--max-new must be >= 1, got ", o.max_new);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom-demo: %s\n%s", e.what(), usage);
     return 2;
   }
+
   try {
-    std::printf("loom %d.%d.%d demo\n", LOOM_VERSION_MAJOR, LOOM_VERSION_MINOR, LOOM_VERSION_PATCH);
+    namespace fs = std::filesystem;
+    const auto t_start = std::chrono::steady_clock::now();
+    // ---- the model and the data ------------------------------------------------------------
+    llama::config cfg;
+    cfg.dim = 128, cfg.n_layers = 4, cfg.n_heads = 4, cfg.n_kv_heads = 2, cfg.hidden_dim = 352;
+    cfg.vocab = 256, cfg.seq_len = 128;  // byte-level tokens
+    cfg.validate();
+    llama3d::train_options topt;
+    topt.mesh = o.mesh;
+    topt.zero_stage = o.zero;
+    topt.schedule = "1f1b";
+    topt.micro_batches = 4;  // per data-parallel rank and step
+    topt.micro_batch_size = 4;
+    topt.seq = 64;
+    topt.adamw.lr = 3e-3f;
+    topt.adamw.weight_decay = 0.01f;
+    topt.gradient_clipping = 1.f;
+    topt.seed = 7;
+    loom::optim::warmup_cosine_lr lr{.base_lr = topt.adamw.lr, .total_num_steps = o.steps, .warmup_min_ratio = 0.f,
+                                     .warmup_num_steps = std::max<std::int64_t>(2, o.steps / 10), .cos_min_ratio = 0.1f,
+                                     .type = loom::optim::warmup_type::linear};
+    const std::string corpus = examples::synthetic_corpus(1 << 19);  // 512 KiB of byte-level text
+    const auto window = static_cast<std::size_t>(topt.seq);
+    auto batch = [&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+      const loom::counter_rng rng(topt.seed, 99);  // row r of micro-batch g at step t: same on any mesh
+      for (std::size_t r = 0; r < static_cast<std::size_t>(topt.micro_batch_size); ++r) {
+        const std::uint64_t key = (static_cast<std::uint64_t>(step) * 4096u + static_cast<std::uint64_t>(g)) * 64u +
+                                  static_cast<std::uint64_t>(r);
+        const std::size_t start = rng.bits(key) % (corpus.size() - window - 1);
+        for (std::size_t i = 0; i < window; ++i) {
+          tok[r * window + i] = static_cast<unsigned char>(corpus[start + i]);
+          tgt[r * window + i] = static_cast<unsigned char>(corpus[start + i + 1]);
+        }
+      }
+    };
 
-    // 1. A parameter initialised with the counter-based RNG, once whole and once in 4 shards.
-    const std::size_t n = 1 << 20;
-    const int ranks = 4;
-    loom::counter_rng rng(2024);
-    std::deque<loom::host_memory_resource> mem;  // one resource per rank: per-rank byte accounting
-    for (int r = 0; r < ranks; ++r) mem.emplace_back("rank" + std::to_string(r));
-    loom::host_memory_resource whole_mem("unsharded");
-    loom::buffer<float> whole(n, whole_mem);
-    auto t0 = std::chrono::steady_clock::now();
-    rng.fill_normal(whole.span(), 0, 0.f, 0.02f);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::size_t mismatches = 0;
-    const std::size_t shard = (n + ranks - 1) / ranks;
-    for (int r = 0; r < ranks; ++r) {
-      loom::buffer<float> part(shard, mem[r]);
-      rng.fill_normal(part.span(), r * shard, 0.f, 0.02f);
-      for (std::size_t k = 0; k < shard && r * shard + k < n; ++k) mismatches += part[k] != whole[r * shard + k];
-      std::printf("  rank %d owns elements [%zu, %zu): %zu bytes (peak %zu)\n", r, r * shard, (r + 1) * shard,
-                  mem[r].current_bytes(), mem[r].peak_bytes());
+    const int world = o.mesh.size();
+    fs::create_directories(fs::path(o.out) / "checkpoint");
+    std::printf("loom demo: LLaMA dim=%lld layers=%lld heads=%lld (kv %lld) vocab=%lld on %d thread ranks "
+                "(dp=%d x tp=%d x pp=%d), ZeRO-%d, 1F1B, %lld steps\n",
+                (long long)cfg.dim, (long long)cfg.n_layers, (long long)cfg.n_heads, (long long)cfg.n_kv_heads,
+                (long long)cfg.vocab, world, o.mesh.dp, o.mesh.tp, o.mesh.pp, o.zero, (long long)o.steps);
+    std::vector<std::unique_ptr<loom::host_memory_resource>> mem;
+    for (int r = 0; r < world; ++r) mem.push_back(std::make_unique<loom::host_memory_resource>("rank " + std::to_string(r)));
+
+    // ---- 1. train; 2. save the sharded checkpoint ---------------------------------------------
+    const double tokens_per_step = double(o.mesh.dp) * topt.micro_batches * double(topt.micro_batch_size * topt.seq);
+    std::size_t total_elems = 0;
+    const auto t_train = std::chrono::steady_clock::now();
+    loom::comm::run_ranks(world, [&](loom::comm::thread_comm& comm) {
+      const int r = comm.rank();
+      auto& mr = *mem[static_cast<std::size_t>(r)];
+      llama3d::trainer<float, float, loom::comm::thread_comm> t(comm, cfg, topt, mr);
+      const auto b = t.bytes();
+      double states = double(b.parameters + b.gradients + b.optimizer), max_states = states;
+      comm.all_reduce(std::span<const double>(&states, 1), std::span<double>(&max_states, 1), loom::comm::reduce_op::max);
+      if (r == 0)
+        std::printf("model states per rank: %.1f KiB (largest rank; parameters + gradients + fp32 master and Adam "
+                    "moments, divided by tp x pp and, with ZeRO-3, by dp)\n",
+                    max_states / 1024.0);
+      double loss_first = 0;
+      for (std::int64_t s = 0; s < o.steps; ++s) {
+        t.set_lr(lr.lr(s));
+        const auto st = t.step(batch);
+        if (s == 0) loss_first = st.loss;
+        double peak = double(mr.peak_bytes()), secs = st.seconds;
+        comm.all_reduce(std::span<const double>(&peak, 1), std::span<double>(&peak, 1), loom::comm::reduce_op::max);
+        comm.all_reduce(std::span<const double>(&secs, 1), std::span<double>(&secs, 1), loom::comm::reduce_op::max);
+        if (r == 0 && (s % 10 == 0 || s + 1 == o.steps)) {
+          std::printf("step %4lld  loss %.4f  lr %.2e  %6.0f tokens/s  peak memory/rank %.2f MiB\n", (long long)s + 1,
+                      st.loss, lr.lr(s), tokens_per_step / secs, peak / (1024.0 * 1024.0));
+          std::fflush(stdout);
+        }
+        if (r == 0 && s + 1 == o.steps)
+          std::printf("trained %lld steps in %.1f s: loss %.3f -> %.3f (uniform guess: %.3f)\n", (long long)o.steps,
+                      seconds_since(t_train), loss_first, st.loss, std::log(double(cfg.vocab)));
+      }
+      // Each rank writes its contiguous slice of the consolidated fp32 weights.
+      const std::vector<float> full = t.consolidated_master();
+      const std::size_t per = (full.size() + world - 1) / world;
+      const std::size_t lo = std::min(full.size(), per * r), hi = std::min(full.size(), lo + per);
+      loom::io::tensor_map shard;
+      loom::io::named_tensor nt;
+      nt.shape = {static_cast<std::int64_t>(hi - lo)};
+      nt.data = loom::buffer<float>(hi - lo);
+      std::copy(full.begin() + static_cast<std::ptrdiff_t>(lo), full.begin() + static_cast<std::ptrdiff_t>(hi), nt.data.begin());
+      shard.emplace("flat", std::move(nt));
+      loom::io::write_safetensors((fs::path(o.out) / "checkpoint" / ("rank-" + std::to_string(r) + ".safetensors")).string(),
+                                  shard, "F32",
+                                  {{"offset", std::to_string(lo)}, {"total", std::to_string(full.size())},
+                                   {"world", std::to_string(world)}});
+      if (r == 0) total_elems = full.size();
+    });
+
+    // ---- consolidate the shards into one file with Meta's names ------------------------------
+    llama::model<float, float> layout_model(cfg);  // only for the (name, offset, shape) table
+    std::vector<float> flat;
+    flat.reserve(total_elems);
+    for (int r = 0; r < world; ++r) {
+      auto m = loom::io::read_safetensors((fs::path(o.out) / "checkpoint" / ("rank-" + std::to_string(r) + ".safetensors")).string());
+      const auto& t = m.at("flat");
+      flat.insert(flat.end(), t.data.begin(), t.data.end());
     }
-    std::printf("initialised %zu parameters with Philox-4x32-10 in %.1f ms (%.0f M/s); sharded init mismatches: %zu\n",
-                n, secs * 1e3, n / secs / 1e6, mismatches);
-
-    // 2. Storage in 16-bit types.
-    loom::buffer<loom::bfloat16> b16(n);
-    loom::buffer<loom::half> f16(n);
-    double err_b = 0, err_h = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      b16[i] = whole[i], f16[i] = whole[i];
-      err_b = std::max(err_b, std::abs(double(b16[i]) - whole[i]) / std::max(1e-6, std::abs(double(whole[i]))));
-      if (std::abs(whole[i]) >= 6.2e-5f)  // half's normal range; below it precision is absolute
-        err_h = std::max(err_h, std::abs(double(f16[i]) - whole[i]) / std::max(1e-6, std::abs(double(whole[i]))));
+    LOOM_CHECK(flat.size() == layout_model.params().size(), "consolidated ", flat.size(), " elements, model has ",
+               layout_model.params().size());
+    loom::io::tensor_map named;
+    for (const auto& e : layout_model.layout().entries()) {
+      loom::io::named_tensor t;
+      t.shape.assign(e.shape.begin(), e.shape.end());
+      t.data = loom::buffer<float>(e.numel);
+      std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(e.offset), e.numel, t.data.begin());
+      named.emplace(e.name, std::move(t));
     }
-    std::printf("stored as bfloat16 / float16: max relative error %.2e / %.2e (bounds 2^-8 / 2^-11 for normals)\n",
-                err_b, err_h);
+    const std::string model_path = (fs::path(o.out) / "model.safetensors").string();
+    loom::io::write_safetensors(model_path, named);
+    std::printf("saved the sharded checkpoint (%d files under %s/checkpoint) and consolidated it into %s (%.1f MiB)\n",
+                world, o.out.c_str(), model_path.c_str(), double(fs::file_size(model_path)) / (1024.0 * 1024.0));
 
-    // 3. Views: a [layers, rows, cols] flat buffer sliced per layer as ZeRO does.
-    auto w = whole.view(16, 256, 256);  // [layers, rows, cols]
-    auto layer3 = w[3].slice(0, 0, 128);
-    std::printf("view: layer 3, rows [0,128): shape [%lld, %lld], contiguous=%s\n",
-                static_cast<long long>(layer3.extent(0)), static_cast<long long>(layer3.extent(1)),
-                layer3.is_contiguous() ? "yes" : "no");
-
-    // 4. Bad input is an error with a message, not a crash.
-    try {
-      (void)w.slice(0, 0, 17);
-    } catch (const loom::error& e) {
-      std::printf("bad slice refused: %s\n", e.what());
+    // ---- 3. load into the paged-KV engine and generate -------------------------------------------
+    const llama::llama_weights w =
+        llama::detail::from_tensors(llama::engine_config_of(cfg), loom::io::read_safetensors(model_path), llama::detail::meta_names);
+    llama::engine_config ec;
+    ec.num_blocks = 512;
+    ec.block_size = 16;
+    llama::llama_engine<float> engine(w, ec);
+    const std::vector<std::string> prompts = {
+        "the small cat ", "17 + 25 = ", "count: 3 4 5 ", "the old farmer finds ", "8 + 9 = ", "count: 12 13 ",
+        "the happy child ", "the tall teacher paints ", "41 + 7 = ", "count: 27 28 29 ", "a red ball ", "the boat ",
+        "the quiet river ", "3 + 4 = ", "count: 7 ", "the busy dog hears "};
+    std::vector<loom::kv::request> reqs;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      loom::kv::request q;
+      q.id = i;
+      q.prompt.assign(prompts[i].begin(), prompts[i].end());
+      q.max_new_tokens = o.max_new;
+      q.stop_tokens = {'\n'};
+      reqs.push_back(std::move(q));
     }
-    return mismatches == 0 ? 0 : 1;
+    const auto t_gen = std::chrono::steady_clock::now();
+    auto out = engine.generate(reqs);
+    const double gen_secs = seconds_since(t_gen);
+    std::size_t generated = 0;
+    for (const auto& [id, toks] : out) generated += toks.size();
+    std::printf("generated %zu tokens for %zu prompts in one continuous batch in %.2f s: %.0f tokens/s "
+                "(%lld engine steps, KV pool %.1f MiB)\n",
+                generated, prompts.size(), gen_secs, double(generated) / gen_secs, (long long)engine.steps(),
+                double(engine.kv_bytes()) / (1024.0 * 1024.0));
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      std::string text;
+      for (auto tkn : out[i])
+        if (tkn != '\n') text.push_back(static_cast<char>(tkn));
+      std::printf("  %-26s -> %s\n", ("\"" + prompts[i] + "\"").c_str(), text.c_str());
+    }
+    std::printf("demo finished in %.1f s\n", seconds_since(t_start));
+    return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loom-demo: %s\n", e.what());
     return 1;

@@ -200,6 +200,14 @@ TEST_CASE("scheduler: requests that can never run are rejected") {
   r.sampling.top_p = 2.f;
   CHECK_THROWS_AS(sch.add(r), loom::error);
   r.sampling.top_p = 1.f;
+  {
+    scheduler_config nc = cfg;
+    nc.enable_chunked_prefill = false;
+    nc.max_num_batched_tokens = 12;
+    block_allocator a2(64, 4);
+    scheduler s2(nc, a2);
+    CHECK_THROWS_AS(s2.add(r), loom::error);  // 10 + 4 tokens could not be recomputed in one step
+  }
   sch.add(r);
   CHECK_THROWS_AS(sch.add(r), loom::error);  // duplicate id
   sch.abort(1);

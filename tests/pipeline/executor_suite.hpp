@@ -28,11 +28,11 @@ struct rank_result {
   int optimizer_steps = 0;
 };
 
-/// Runs `steps` steps (gradients accumulate: no update in between) on this rank.
+/// Runs `steps` steps of `plan` (gradients accumulate: no update in between) on this rank.
 template <loom::comm::communicator C>
-rank_result run_rank(C& comm, const std::string& kind, const sizes& z, int steps = 1) {
+rank_result run_rank(C& comm, const loom::pipeline::schedule& plan, const sizes& z, int steps = 1) {
   const reference ref = run_reference(z);
-  loom::pipeline::executor<float, C> ex(make(kind, z), comm, z.activation());
+  loom::pipeline::executor<float, C> ex(plan, comm, z.activation());
   stage model(z, comm.rank());
   for (int i = 0; i < steps; ++i) ex.run(model);
   rank_result r;
@@ -47,6 +47,12 @@ rank_result run_rank(C& comm, const std::string& kind, const sizes& z, int steps
       r.grad_error = std::max(r.grad_error, std::abs(got[e] - steps * want[e]) / std::max(1.0, std::abs(steps * want[e])));
   }
   return r;
+}
+
+/// The same for the generated schedule `kind` (gpipe, 1f1b, interleaved).
+template <loom::comm::communicator C>
+rank_result run_rank(C& comm, const std::string& kind, const sizes& z, int steps = 1) {
+  return run_rank(comm, make(kind, z), z, steps);
 }
 
 /// `tolerance` bounds the gradients' relative error: float sums of many terms need more.

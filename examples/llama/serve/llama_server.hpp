@@ -37,6 +37,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/socket.h>
+
 namespace llama {
 
 /// Text <-> tokens. Either a llama2.c tokenizer, or raw bytes (id = 3 + byte, BOS 1, EOS 2:
@@ -66,6 +68,7 @@ struct server_options {
   std::int32_t default_max_tokens = 16;  ///< OpenAI default for /v1/completions
   std::int32_t http_threads = 64;        ///< concurrent connections served
   std::int32_t request_timeout_s = 600;  ///< a handler never waits longer than this
+  int listen_backlog = 1024;             ///< pending connections the kernel queues
 };
 
 /// Thrown for requests that get HTTP 400.
@@ -84,8 +87,16 @@ class llama_server {
   /// Binds host:port (port 0: any free port), starts serving; returns the port.
   int start(const std::string& host = "127.0.0.1", int port = 0) {
     http_.new_task_queue = [n = opt_.http_threads] { return new httplib::ThreadPool(static_cast<std::size_t>(n)); };
+    socket_t listen_fd = -1;
+    http_.set_socket_options([&listen_fd](socket_t s) {
+      httplib::default_socket_options(s);
+      listen_fd = s;
+    });
     port_ = port == 0 ? http_.bind_to_any_port(host) : (http_.bind_to_port(host, port) ? port : -1);
     LOOM_CHECK(port_ > 0, "llama_server: cannot bind ", host, ":", port);
+    // httplib 0.11 listens with a backlog of 5: a burst of clients overflows it and some see
+    // their connection reset. Listening again on the bound socket raises the backlog.
+    if (listen_fd >= 0) ::listen(listen_fd, opt_.listen_backlog);
     running_ = true;
     engine_thread_ = std::thread([this] { engine_loop(); });
     http_thread_ = std::thread([this] { http_.listen_after_bind(); });

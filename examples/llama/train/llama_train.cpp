@@ -89,6 +89,7 @@ llama_train::options parse(int argc, char** argv) {
   if (o.print_every < 1) throw bad_args("--print-every must be >= 1, got " + std::to_string(o.print_every));
   if (o.batch < 1) throw bad_args("--batch must be >= 1, got " + std::to_string(o.batch));
   if (o.ranks < 1) throw bad_args("--ranks must be >= 1, got " + std::to_string(o.ranks));
+  if (const int n = llama_train::mpi_launch_size(); n > 1) o.ranks = n;  // under mpirun: one rank per process
   if (o.grad_accum < 1) throw bad_args("--grad-accum must be >= 1, got " + std::to_string(o.grad_accum));
   return o;
 }
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    llama_train::run(o, &std::cout);
+    llama_train::run(o, llama_train::mpi_launch_rank() == 0 ? &std::cout : nullptr);  // under mpirun rank 0 prints
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llama-train: error: %s\n", e.what());
     return 1;

@@ -329,11 +329,26 @@ train_result run_as(const options& o, const loom::io::ds_config& c, std::ostream
   LOOM_CHECK(o.steps >= t.step_count(), "llama-train: --steps ", o.steps, " is below the resumed checkpoint's step ", t.step_count());
   train_result res;
   res.parameter_count = static_cast<std::int64_t>(t.model().parameter_count());
+  if (log)
+    *log << "parameters " << res.parameter_count << (o.resume.empty() ? "" : ", resumed from " + o.resume + " at step " +
+                                                                                  std::to_string(t.step_count()))
+         << std::endl;
   while (t.step_count() < o.steps) {
     auto r = t.step();
     if (log && (r.step % o.print_every == 0 || r.step == o.steps))
       *log << progress_line(r, o.steps, c.precision() == loom::dtype::f16) << std::endl;
     res.steps.push_back(r);
+  }
+  if (log && res.steps.size() > 1) {  // the first step pays for allocations and cold caches
+    double sec = 0, tok = 0, fl = 0;
+    for (std::size_t i = 1; i < res.steps.size(); ++i) {
+      const auto& r = res.steps[i];
+      sec += r.seconds, tok += r.tokens_per_s * r.seconds, fl += r.flops_per_s * r.seconds;
+    }
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "mean over steps 2-%zu: %.0f tok/s, %.3f GFLOP/s, %.1f ms/step", res.steps.size(), tok / sec,
+                  fl / sec * 1e-9, 1e3 * sec / static_cast<double>(res.steps.size() - 1));
+    *log << buf << std::endl;
   }
   if (!o.save.empty()) {
     t.save(o.save);

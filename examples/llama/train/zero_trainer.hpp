@@ -1,5 +1,6 @@
 #pragma once
-// Data-parallel LLaMA training with ZeRO: `llama-train --ranks N` (thread ranks).
+// Data-parallel LLaMA training with ZeRO: `llama-train --ranks N` (thread ranks), or the
+// same binary under `mpirun -np N` (MPI processes, when built with loom::mpi).
 //
 // Each rank holds a llama::model (its forward/backward work on the model's own flat
 // buffers), a token loader reading its stride of every global batch, and a zero::engine
@@ -22,8 +23,13 @@
 
 #include <loom/comm/thread_comm.hpp>
 #include <loom/zero/engine.hpp>
+#ifdef LOOM_HAS_MPI
+#include <loom/comm/mpi_comm.hpp>
+#include <mpi.h>
+#endif
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -97,8 +103,8 @@ inline loom::zero::engine_options zero_engine_options(const loom::io::ds_config&
   return e;
 }
 
-template <class Stage, class P>
-train_result run_zero_rank(loom::comm::thread_comm& comm, const options& o, const loom::io::ds_config& c, std::ostream* log) {
+template <class Stage, class P, loom::comm::communicator C>
+train_result run_zero_rank(C& comm, const options& o, const loom::io::ds_config& c, std::ostream* log) {
   const int rank = comm.rank(), world = comm.size();
   loom::host_memory_resource model_mem("llama-model"), states("zero-states"), scratch("zero-scratch"), host("zero-host");
   llama::model<P> model(o.model, model_mem);
@@ -122,7 +128,7 @@ train_result run_zero_rank(loom::comm::thread_comm& comm, const options& o, cons
     adapter.model_offset.push_back(e.offset);
   }
   const std::span<const P> init_params = model.params();
-  loom::zero::engine<Stage, P, loom::comm::thread_comm> engine(
+  loom::zero::engine<Stage, P, C> engine(
       comm, loom::zero::flat_layout(std::move(specs), std::size_t(world)), zero_engine_options(c), {&states, &scratch, &host},
       [&](std::size_t p, std::size_t first, std::span<float> out) {
         for (std::size_t k = 0; k < out.size(); ++k) out[k] = static_cast<float>(init_params[adapter.model_offset[p] + first + k]);
@@ -168,20 +174,65 @@ train_result run_zero_rank(loom::comm::thread_comm& comm, const options& o, cons
   return res;
 }
 
-/// Runs llama-train on o.ranks thread ranks with the config's ZeRO stage; returns rank 0's result.
+/// Number of processes when started by mpirun (Open MPI's or a PMI launcher's environment), else 0.
+inline int mpi_launch_size() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
+/// This process's rank when started by mpirun, else 0.
+inline int mpi_launch_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
+template <class C>
+train_result run_zero_on(C& comm, const options& o, const loom::io::ds_config& c, std::ostream* log) {
+  return loom::zero::dispatch_stage(c.zero.stage, [&](auto stage) {
+    using S = decltype(stage);
+    switch (c.precision()) {
+      case loom::dtype::bf16: return run_zero_rank<S, loom::bfloat16>(comm, o, c, log);
+      case loom::dtype::f16: return run_zero_rank<S, loom::half>(comm, o, c, log);
+      default: return run_zero_rank<S, float>(comm, o, c, log);
+    }
+  });
+}
+
+/// Runs llama-train with the config's ZeRO stage: on the MPI processes when started by
+/// mpirun (o.ranks is then the process count), else on o.ranks thread ranks. Returns this
+/// process's rank-0 result (MPI: each process's own).
 inline train_result run_zero(const options& o, const loom::io::ds_config& c, std::ostream* log) {
   LOOM_CHECK(o.resume.empty() && o.save.empty(), "llama-train: --save/--resume are single-rank only for now (--ranks ",
              o.ranks, ")");
+  LOOM_CHECK(c.zero.offload_param.device == loom::io::offload_device::none,
+             "llama-train: zero_optimization.offload_param is not supported yet (parameters stay on the rank); "
+             "remove it or set \"device\": \"none\"");
+#ifdef LOOM_HAS_MPI
+  if (mpi_launch_size() > 1) {
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    }
+    train_result r;
+    try {
+      loom::comm::mpi_comm comm = loom::comm::mpi_comm::world();
+      LOOM_CHECK(comm.size() == o.ranks, "llama-train: --ranks ", o.ranks, " differs from the ", comm.size(), " MPI processes");
+      r = run_zero_on(comm, o, c, comm.rank() == 0 ? log : nullptr);
+    } catch (const std::exception& e) {  // one failed process must not leave the others waiting
+      std::fprintf(stderr, "llama-train: error: %s\n", e.what());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (!init) MPI_Finalize();
+    return r;
+  }
+#endif
   train_result out;
   loom::comm::run_ranks(o.ranks, [&](loom::comm::thread_comm& comm) {
-    train_result r = loom::zero::dispatch_stage(c.zero.stage, [&](auto stage) {
-      using S = decltype(stage);
-      switch (c.precision()) {
-        case loom::dtype::bf16: return run_zero_rank<S, loom::bfloat16>(comm, o, c, log);
-        case loom::dtype::f16: return run_zero_rank<S, loom::half>(comm, o, c, log);
-        default: return run_zero_rank<S, float>(comm, o, c, log);
-      }
-    });
+    train_result r = run_zero_on(comm, o, c, log);
     if (comm.rank() == 0) out = std::move(r);
   });
   return out;

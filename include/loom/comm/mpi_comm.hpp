@@ -161,6 +161,21 @@ struct mpi_work final : work_state {
   mpi_job job;
   bool finished = false;
 
+  mpi_work() = default;
+  mpi_work(const mpi_work&) = delete;
+  mpi_work& operator=(const mpi_work&) = delete;
+  // A dropped handle still completes its operation (MPI forbids freeing an active collective
+  // request, and MPI would otherwise write into buffers the caller may free): wait quietly,
+  // bounded by the checked-mode timeout.
+  ~mpi_work() override {
+    if (finished || req == MPI_REQUEST_NULL || !state->broken.empty()) return;
+    try {
+      MPI_Status status{};
+      mpi_wait(*state, req, status, what);
+    } catch (...) {
+    }
+  }
+
   void wait() override {
     if (finished) return;
     MPI_Status status{};
@@ -224,9 +239,9 @@ class mpi_comm : public collective_api<mpi_comm> {
   /// and breaks the communicator after the timeout). Returns whether an agreement took
   /// place (false when checked mode is off). nccl_comm agrees through its bootstrap mpi_comm.
   bool agree(const call_desc& d) {
+    if (!s_->broken.empty()) s_->check_usable(describe(d));
+    if (!checked()) return false;  // the unchecked path builds no strings: it is the hot path
     const std::string what = describe(d);
-    s_->check_usable(what);
-    if (!checked()) return false;
     const int p = size();
     std::vector<call_desc> all(static_cast<std::size_t>(p));
     MPI_Request req = MPI_REQUEST_NULL;

@@ -138,12 +138,12 @@ class scheduler {
     LOOM_CHECK(r.max_new_tokens > 0, "scheduler::add: request ", r.id, " has max_new_tokens=", r.max_new_tokens);
     LOOM_CHECK(static_cast<std::int64_t>(r.prompt.size()) < cfg_.max_model_len, "scheduler::add: request ", r.id,
                " has a prompt of ", r.prompt.size(), " tokens, not below max_model_len=", cfg_.max_model_len);
-    LOOM_CHECK(cfg_.enable_chunked_prefill ||
-                   static_cast<std::int64_t>(r.prompt.size()) <= cfg_.max_num_batched_tokens,
-               "scheduler::add: request ", r.id, " has a prompt of ", r.prompt.size(),
-               " tokens, above max_num_batched_tokens=", cfg_.max_num_batched_tokens, " without chunked prefill");
     const std::int64_t longest =
         std::min<std::int64_t>(static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens, cfg_.max_model_len);
+    // Without chunking, a preempted request recomputes prompt + output in one step: that must fit.
+    LOOM_CHECK(cfg_.enable_chunked_prefill || longest <= cfg_.max_num_batched_tokens, "scheduler::add: request ",
+               r.id, " may reach ", longest, " tokens, above max_num_batched_tokens=", cfg_.max_num_batched_tokens,
+               " (without chunked prefill a recompute after preemption must fit one step)");
     LOOM_CHECK(block_table::blocks_for(longest, alloc_->block_size()) <= alloc_->num_blocks(),
                "scheduler::add: request ", r.id, " may need ", longest, " tokens of KV, more than the pool's ",
                alloc_->num_blocks(), " blocks of ", alloc_->block_size());

@@ -72,7 +72,7 @@ class attention {
   }
 
   /// y [batch, seq, dim] = attention(x [batch, seq, dim]); y is overwritten.
-  template <class P>
+  template <ops::param_type P>
   void forward(std::span<P> params, in_view<T, 3> x, activations& a, tensor_view<T, host, 3> y, workspace<T>& ws) const {
     const index_t b = x.extent(0), s = x.extent(1), n = b * s;
     check(x, a);
@@ -88,7 +88,7 @@ class attention {
   }
 
   /// dx += d/dx; parameter gradients added into `grads`.
-  template <class P>
+  template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 3> x, const activations& a, in_view<T, 3> dy,
                 tensor_view<T, host, 3> dx, workspace<T>& ws) const {
     const index_t b = x.extent(0), s = x.extent(1), n = b * s, hd = cfg_.head_dim();

@@ -24,7 +24,7 @@ class embedding {
   const param_slot<2>& weight() const noexcept { return weight_; }
 
   /// out [n, dim] = table[tokens]; a token outside [0, vocab) is a loom::error naming it.
-  template <class P, class Token>
+  template <ops::param_type P, class Token>
   void forward(std::span<P> params, tensor_view<Token, host, 1> tokens, tensor_view<T, host, 2> out) const {
     ops::embedding_forward(host{}, tokens, weight_.in(as_const(params)), out);
   }

@@ -21,7 +21,7 @@ namespace loom::nn {
 
 /// The parameter in slot `s` as compute-type elements: the stored tensor itself when P == T,
 /// else a widened copy in the workspace.
-template <compute_type T, class P, std::size_t R>
+template <compute_type T, ops::param_type P, std::size_t R>
 inline tensor_view<const T, host, R> weights_as(const param_slot<R>& s, std::span<P> params, workspace<T>& ws) {
   auto w = s.in(as_const(params));
   if constexpr (std::is_same_v<std::remove_const_t<P>, T>) {
@@ -51,7 +51,7 @@ class linear {
   const param_slot<2>& weight() const noexcept { return weight_; }
 
   /// y [n, out] = x [n, in] W^T + b   (y is overwritten)
-  template <class P>
+  template <ops::param_type P>
   void forward(std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y, workspace<T>& ws) const {
     check(x, "x");
     LOOM_CHECK(y.extent(0) == x.extent(0) && y.extent(1) == out_features(), "nn::linear: output has shape ",
@@ -68,7 +68,7 @@ class linear {
   }
 
   /// dW += dy^T x, db += sum_rows dy, dx += dy W (skipped when dx is empty).
-  template <class P>
+  template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, in_view<T, 2> dy, tensor_view<T, host, 2> dx,
                 workspace<T>& ws) const {
     check(x, "x");

@@ -35,7 +35,7 @@ class swiglu_mlp {
   }
 
   /// y [rows, dim] = mlp(x [rows, dim]); y is overwritten.
-  template <class P>
+  template <ops::param_type P>
   void forward(std::span<P> params, in_view<T, 2> x, activations& a, tensor_view<T, host, 2> y, workspace<T>& ws) const {
     const index_t n = rows(x, a), f = hidden_dim();
     w1_.forward(params, x, a.gate.view(n, f), ws);
@@ -45,7 +45,7 @@ class swiglu_mlp {
   }
 
   /// dx += d/dx; parameter gradients added into `grads`.
-  template <class P>
+  template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
                 tensor_view<T, host, 2> dx, workspace<T>& ws) const {
     const index_t n = rows(x, a), f = hidden_dim();
@@ -87,7 +87,7 @@ class gelu_mlp {
     return {rows, buffer<T>(n, mr), buffer<T>(n, mr)};
   }
 
-  template <class P>
+  template <ops::param_type P>
   void forward(std::span<P> params, in_view<T, 2> x, activations& a, tensor_view<T, host, 2> y, workspace<T>& ws) const {
     const index_t n = rows(x, a), f = hidden_dim();
     fc_.forward(params, x, a.pre.view(n, f), ws);
@@ -95,7 +95,7 @@ class gelu_mlp {
     proj_.forward(params, a.hidden.view(n, f), y, ws);
   }
 
-  template <class P>
+  template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
                 tensor_view<T, host, 2> dx, workspace<T>& ws) const {
     const index_t n = rows(x, a), f = hidden_dim();

@@ -23,12 +23,12 @@ class rmsnorm {
   const param_slot<1>& weight() const noexcept { return weight_; }
 
   /// y [n, dim] = rmsnorm(x); rstd [n] saved for backward.
-  template <class P>
+  template <ops::param_type P>
   void forward(std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y, tensor_view<T, host, 1> rstd) const {
     ops::rmsnorm_forward(host{}, x, weight_.in(params), y, rstd, eps_);
   }
   /// dx += ..., dweight += ...
-  template <class P>
+  template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> dy, in_view<T, 2> x, in_view<T, 1> rstd,
                 tensor_view<T, host, 2> dx) const {
     ops::rmsnorm_backward(host{}, dy, x, weight_.in(params), rstd, dx, weight_.in(grads));
@@ -51,12 +51,12 @@ class layernorm {
   index_t dim() const noexcept { return weight_.shape[0]; }
 
   /// y = layernorm(x); mean, rstd [n] saved for backward.
-  template <class P>
+  template <ops::param_type P>
   void forward(std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y, tensor_view<T, host, 1> mean,
                tensor_view<T, host, 1> rstd) const {
     ops::layernorm_forward(host{}, x, weight_.in(params), bias_.in(params), y, mean, rstd, eps_);
   }
-  template <class P>
+  template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> dy, in_view<T, 2> x, in_view<T, 1> mean,
                 in_view<T, 1> rstd, tensor_view<T, host, 2> dx) const {
     ops::layernorm_backward(host{}, dy, x, weight_.in(params), mean, rstd, dx, weight_.in(grads), bias_.in(grads));

@@ -31,7 +31,7 @@ using ops::compute_type;
 using ops::in_view;
 
 /// The flat buffer as a span of const elements.
-template <class P>
+template <ops::param_type P>
 inline std::span<const std::remove_const_t<P>> as_const(std::span<P> s) noexcept {
   return {s.data(), s.size()};
 }

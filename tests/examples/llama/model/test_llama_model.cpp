@@ -172,3 +172,21 @@ TEST_CASE("bad configs, tokens and targets are loom::errors naming the value") {
   llama::model<float> fresh(tiny(false));
   CHECK(expect_error([&] { fresh.backward(); }).find("forward(tokens, targets) first") != std::string::npos);
 }
+
+TEST_CASE("forward without targets gives the same logits; all-ignored targets give loss 0 and zero gradients") {
+  const auto c = tiny(true);
+  llama::model<float> m(c);
+  m.init(9);
+  batch_data data(2, 6, c.vocab, 4);
+  m.forward(data.tok(), data.tgt());
+  const std::vector<float> with_targets(m.logits().data(), m.logits().data() + m.logits().numel());
+  m.forward(data.tok());
+  CHECK(m.logits().extent(2) == c.vocab);
+  CHECK(std::equal(with_targets.begin(), with_targets.end(), m.logits().data()));
+  CHECK(expect_error([&] { m.backward(); }).find("forward(tokens, targets) first") != std::string::npos);
+  std::fill(data.targets.begin(), data.targets.end(), -100);
+  m.zero_grad();
+  CHECK(m.forward(data.tok(), data.tgt()) == 0.f);
+  m.backward();
+  CHECK(std::all_of(m.grads().begin(), m.grads().end(), [](float g) { return g == 0.f; }));
+}

@@ -173,7 +173,10 @@ TEST_CASE("llama-serve: protocols, streaming, concurrency, errors") {
                     {"max_tokens", 8 + i}, {"temperature", 0.9}, {"top_k", 20}, {"seed", 100 + i}};
         if (i % 4 == 0) req["stream"] = true;
         auto res = c.Post("/v1/completions", req.dump(), "application/json");
-        if (!res) return;
+        if (!res) {
+          status[static_cast<std::size_t>(i)] = -static_cast<int>(res.error());
+          return;
+        }
         status[static_cast<std::size_t>(i)] = res->status;
         if (res->status != 200) return;
         if (i % 4 == 0) {
