@@ -110,7 +110,7 @@ inline loom::nn::param_layout full_layout(const llama::config& c) {
   return L;
 }
 
-template <class P, loom::ops::compute_type T, loom::comm::communicator C>
+template <loom::ops::param_type P, loom::ops::compute_type T, loom::comm::communicator C>
 class stage_model {
   template <class E>
   using view2 = loom::tensor_view<E, loom::host, 2>;

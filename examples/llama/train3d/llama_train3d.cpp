@@ -1,13 +1,19 @@
 // llama-train3d: train a LLaMA over data x tensor x pipeline thread ranks with ZeRO 0-3 on the
 // data-parallel groups. Prints the mesh and each rank's memory at start, then progress lines.
+// Under `mpirun -np dp*tp*pp` (a build with MPI) each process is one rank, over mpi_comm.
 // The corpus is the synthetic counting stream of train3d.hpp (learnable, the same for every
 // mesh, so runs on different meshes print the same losses).
 #include "train3d.hpp"
 
 #include <loom/comm/thread_comm.hpp>
 #include <loom/io/ds_config.hpp>
+#ifdef LOOM_HAS_MPI
+#include <loom/comm/mpi_comm.hpp>
+#endif
 
 #include <chrono>
+#include <cstdlib>
+#include <type_traits>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -23,7 +29,7 @@ const char* usage =
     "                     [--config ds_config.json] [--steps N] [--micro-batches M] [--batch B] [--seq S]\n"
     "                     [--dim D] [--n-layers L] [--n-heads H] [--n-kv-heads K] [--hidden-dim F] [--vocab V]\n"
     "                     [--tied] [--lr LR] [--clip C] [--seed S] [--print-every N]\n"
-    "  Ranks are threads (dp*tp*pp of them). A config's zero stage, micro batch, gradient\n"
+    "  Ranks are threads (dp*tp*pp of them), or the processes of `mpirun -np dp*tp*pp`. A config's zero stage, micro batch, gradient\n"
     "  accumulation (= micro-batches per step), optimizer, scheduler and clipping win over the flags.\n";
 
 struct bad_args : std::runtime_error {
@@ -94,9 +100,29 @@ program_options parse(int argc, char** argv) {
   return o;
 }
 
+#ifdef LOOM_HAS_MPI
+// Under mpirun every process is one rank of the mesh (Open MPI sets OMPI_COMM_WORLD_SIZE).
+struct mpi_session {
+  bool active = false;
+  mpi_session(int* argc, char*** argv) {
+    if (!std::getenv("OMPI_COMM_WORLD_SIZE") && !std::getenv("PMI_SIZE")) return;
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    active = true;
+  }
+  ~mpi_session() {
+    if (active) MPI_Finalize();
+  }
+};
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef LOOM_HAS_MPI
+  mpi_session mpi(&argc, &argv);
+  const bool under_mpirun = mpi.active;
+#endif
   program_options o;
   try {
     o = parse(argc, argv);
@@ -138,29 +164,31 @@ int main(int argc, char** argv) {
     const auto mesh = o.train.mesh;
     const int world = mesh.size();
     LOOM_CHECK(world >= 1 && world <= 256, "llama-train3d: dp*tp*pp = ", world, " ranks (1..256)");
-    std::vector<std::unique_ptr<loom::host_memory_resource>> mem;
-    for (int r = 0; r < world; ++r) mem.push_back(std::make_unique<loom::host_memory_resource>("rank " + std::to_string(r)));
     std::mutex io;
-    loom::comm::run_ranks(world, [&](loom::comm::thread_comm& comm) {
+    // One rank's whole run; Comm: thread_comm (default) or mpi_comm (under mpirun).
+    auto body = [&](auto& comm, loom::host_memory_resource& mr, const char* kind) {
+      using comm_t = std::remove_reference_t<decltype(comm)>;
       const int r = comm.rank();
-      auto& mr = *mem[static_cast<std::size_t>(r)];
-      llama3d::trainer<float, float, loom::comm::thread_comm> t(comm, o.cfg, o.train, mr);
+      llama3d::trainer<float, float, comm_t> t(comm, o.cfg, o.train, mr);
       const auto c = t.mesh().coord();
       const auto b = t.bytes();
       if (r == 0)
-        std::printf("llama-train3d: mesh dp=%d x tp=%d x pp=%d (%d thread ranks), ZeRO-%d, schedule %s, m=%d micro-batches of "
+        std::printf("llama-train3d: mesh dp=%d x tp=%d x pp=%d (%d %s ranks), ZeRO-%d, schedule %s, m=%d micro-batches of "
                     "[%lld, %lld], model dim=%lld layers=%lld heads=%lld/%lld vocab=%lld\n",
-                    mesh.dp, mesh.tp, mesh.pp, world, o.train.zero_stage, o.train.schedule.c_str(), o.train.micro_batches,
+                    mesh.dp, mesh.tp, mesh.pp, world, kind, o.train.zero_stage, o.train.schedule.c_str(), o.train.micro_batches,
                     (long long)o.train.micro_batch_size, (long long)o.train.seq, (long long)o.cfg.dim,
                     (long long)o.cfg.n_layers, (long long)o.cfg.n_heads, (long long)o.cfg.n_kv_heads, (long long)o.cfg.vocab);
       comm.barrier();
       for (int k = 0; k < world; ++k) {
         if (k == r) {
           std::lock_guard lock(io);
-          std::printf("  rank %d (dp=%d, tp=%d, pp=%d): layers [%lld, %lld)%s%s%s, model states %.1f KiB (params %.1f, grads %.1f, "
+          std::string layers;
+          for (int k = 0; k < t.chunks(); ++k)
+            layers += (k ? " " : "") + std::string("[") + std::to_string(t.model(k).layers().first) + ", " +
+                      std::to_string(t.model(k).layers().last) + ")";
+          std::printf("  rank %d (dp=%d, tp=%d, pp=%d): layers %s%s%s, model states %.1f KiB (params %.1f, grads %.1f, "
                       "optimizer %.1f), memory in use %.1f KiB\n",
-                      r, c.dp, c.tp, c.pp, (long long)t.model().layers().first, (long long)t.model().layers().last,
-                      t.model().first_stage() ? " +embedding" : "", t.chunks() > 1 ? " + more chunks" : "",
+                      r, c.dp, c.tp, c.pp, layers.c_str(), t.model().first_stage() ? " +embedding" : "",
                       t.model(t.chunks() - 1).last_stage() ? " +norm+output" : "",
                       (b.parameters + b.gradients + b.optimizer) / 1024.0, b.parameters / 1024.0, b.gradients / 1024.0,
                       b.optimizer / 1024.0, mr.current_bytes() / 1024.0);
@@ -182,7 +210,19 @@ int main(int argc, char** argv) {
           std::printf("step %4lld  loss %.4f  grad_norm %.3f%s  %.0f tokens/s  peak memory/rank %.1f KiB\n", (long long)s + 1,
                       st.loss, st.grad_norm, st.skipped ? " (skipped: overflow)" : "", tokens / secs, peak / 1024.0);
       }
-    });
+    };
+#ifdef LOOM_HAS_MPI
+    if (under_mpirun) {
+      auto comm = loom::comm::mpi_comm::world();
+      LOOM_CHECK(comm.size() == world, "llama-train3d: dp x tp x pp = ", world, " but mpirun started ", comm.size(), " ranks");
+      loom::host_memory_resource mr("rank " + std::to_string(comm.rank()));
+      body(comm, mr, "MPI");
+      return 0;
+    }
+#endif
+    std::vector<std::unique_ptr<loom::host_memory_resource>> mem;
+    for (int r = 0; r < world; ++r) mem.push_back(std::make_unique<loom::host_memory_resource>("rank " + std::to_string(r)));
+    loom::comm::run_ranks(world, [&](loom::comm::thread_comm& comm) { body(comm, *mem[static_cast<std::size_t>(comm.rank())], "thread"); });
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llama-train3d: %s\n", e.what());

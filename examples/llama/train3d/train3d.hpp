@@ -101,7 +101,7 @@ struct step_stats {
   double pipeline_seconds = 0;
 };
 
-template <class P, loom::ops::compute_type T, loom::comm::communicator C>
+template <loom::ops::param_type P, loom::ops::compute_type T, loom::comm::communicator C>
 class trainer {
   // One model chunk of this rank (virtual stage chunk * pp + stage) with its ZeRO state.
   struct chunk_state {

@@ -90,7 +90,7 @@ class parallel_attention {
   }
 
   /// y [batch, seq, dim] = attention(x) summed over the tensor group; y overwritten, contiguous.
-  template <comm::communicator C, class P>
+  template <comm::communicator C, ops::param_type P>
   void forward(C& tp, std::span<P> params, in_view<T, 3> x, activations& a, tensor_view<T, host, 3> y,
                workspace<T>& ws) const {
     const index_t b = x.extent(0), s = x.extent(1), n = b * s;
@@ -108,7 +108,7 @@ class parallel_attention {
   }
 
   /// dx += d/dx (summed over the group); parameter gradients of this rank's shard added.
-  template <comm::communicator C, class P>
+  template <comm::communicator C, ops::param_type P>
   void backward(C& tp, std::span<P> params, std::span<T> grads, in_view<T, 3> x, const activations& a, in_view<T, 3> dy,
                 tensor_view<T, host, 3> dx, workspace<T>& ws) const {
     const index_t b = x.extent(0), s = x.extent(1), n = b * s, hd = cfg_.head_dim();

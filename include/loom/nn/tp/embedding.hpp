@@ -37,7 +37,7 @@ class vocab_parallel_embedding {
   const param_slot<2>& weight() const noexcept { return weight_; }
 
   /// out [n, dim] = table[tokens] (all-reduced over the tensor group); bad ids are a loom::error.
-  template <comm::communicator C, class P, class Token>
+  template <comm::communicator C, ops::param_type P, class Token>
   void forward(C& tp, std::span<P> params, tensor_view<Token, host, 1> tokens, tensor_view<T, host, 2> out) const {
     LOOM_CHECK(out.extent(0) == tokens.extent(0) && out.extent(1) == dim() && out.is_contiguous(),
                "nn::tp::vocab_parallel_embedding: out has shape ", ops::detail::str(out.shape()), ", expected [",

@@ -43,12 +43,12 @@ class column_parallel_linear {
   index_t first_output() const noexcept { return row0_; }
 
   /// y_local [n, out/tp] = x [n, in] W_r^T   (f: identity)
-  template <comm::communicator C, class P>
+  template <comm::communicator C, ops::param_type P>
   void forward(C&, std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y_local, workspace<T>& ws) const {
     local_.forward(params, x, y_local, ws);
   }
   /// dW_r += dy_local^T x; dx += sum over ranks of dy_local W_r (f's all-reduce).
-  template <comm::communicator C, class P>
+  template <comm::communicator C, ops::param_type P>
   void backward(C& tp, std::span<P> params, std::span<T> grads, in_view<T, 2> x, in_view<T, 2> dy_local,
                 tensor_view<T, host, 2> dx, workspace<T>& ws) const {
     if (dx.empty()) return local_.backward(params, grads, x, dy_local, dx, ws);
@@ -81,14 +81,14 @@ class row_parallel_linear {
   index_t first_input() const noexcept { return col0_; }
 
   /// y [n, out] = sum over ranks of x_local [n, in/tp] W_r^T   (g's all-reduce)
-  template <comm::communicator C, class P>
+  template <comm::communicator C, ops::param_type P>
   void forward(C& tp, std::span<P> params, in_view<T, 2> x_local, tensor_view<T, host, 2> y, workspace<T>& ws) const {
     LOOM_CHECK(y.is_contiguous(), "nn::tp::row_parallel_linear: y must be contiguous");
     local_.forward(params, x_local, y, ws);
     reduce_from_tensor_parallel_forward(tp, std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
   }
   /// dW_r += dy^T x_local; dx_local += dy W_r   (g's backward: identity)
-  template <comm::communicator C, class P>
+  template <comm::communicator C, ops::param_type P>
   void backward(C&, std::span<P> params, std::span<T> grads, in_view<T, 2> x_local, in_view<T, 2> dy,
                 tensor_view<T, host, 2> dx_local, workspace<T>& ws) const {
     local_.backward(params, grads, x_local, dy, dx_local, ws);

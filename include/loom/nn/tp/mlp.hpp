@@ -39,7 +39,7 @@ class parallel_swiglu_mlp {
   }
 
   /// y [rows, dim] = mlp(x) summed over the tensor group; y overwritten, contiguous.
-  template <comm::communicator C, class P>
+  template <comm::communicator C, ops::param_type P>
   void forward(C& tp, std::span<P> params, in_view<T, 2> x, activations& a, tensor_view<T, host, 2> y,
                workspace<T>& ws) const {
     local_.forward(params, x, a, y, ws);
@@ -47,7 +47,7 @@ class parallel_swiglu_mlp {
   }
 
   /// dx += d/dx (summed over the group); this rank's shard gradients added.
-  template <comm::communicator C, class P>
+  template <comm::communicator C, ops::param_type P>
   void backward(C& tp, std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
                 tensor_view<T, host, 2> dx, workspace<T>& ws) const {
     const auto nd = static_cast<std::size_t>(x.numel());
