@@ -5,7 +5,6 @@
 
 #include <loom/core/buffer.hpp>
 #include <loom/ops/host/activation.hpp>
-#include <loom/ops/host/adamw.hpp>
 #include <loom/ops/host/attention.hpp>
 #include <loom/ops/host/cross_entropy.hpp>
 #include <loom/ops/host/embedding.hpp>
@@ -334,39 +333,4 @@ TEST_CASE("cross-entropy: mean over non-ignored targets, backward by finite diff
   } catch (const loom::error& e) {
     CHECK(std::string(e.what()).find("target 7") != std::string::npos);
   }
-}
-
-TEST_CASE("adamw: three steps against the PyTorch formulas; bfloat16 parameters with fp32 master weights") {
-  const index_t n = 10;
-  const ops::adamw_hparams hp{1e-2, 0.9, 0.95, 1e-8, 0.1};
-  vec p0 = random_vector(n, 21), g = random_vector(n, 22);
-  std::vector<float> p(p0.begin(), p0.end()), gf(g.begin(), g.end()), m(n, 0.f), v(n, 0.f);
-  std::vector<double> pr(p0), mr(n, 0.0), vr(n, 0.0);
-  for (long t = 1; t <= 3; ++t) {
-    ops::adamw_step(host{}, make_view(p.data(), n), make_view(gf.data(), n), make_view(m.data(), n),
-                    make_view(v.data(), n), hp, t, 0.5f);
-    for (index_t i = 0; i < n; ++i) {  // torch.optim.AdamW, written out
-      const double gi = double(gf[i]) * 0.5;
-      pr[i] *= 1 - hp.lr * hp.weight_decay;
-      mr[i] = hp.beta1 * mr[i] + (1 - hp.beta1) * gi;
-      vr[i] = hp.beta2 * vr[i] + (1 - hp.beta2) * gi * gi;
-      const double mh = mr[i] / (1 - std::pow(hp.beta1, t)), vh = vr[i] / (1 - std::pow(hp.beta2, t));
-      pr[i] -= hp.lr * mh / (std::sqrt(vh) + hp.eps);
-    }
-  }
-  for (index_t i = 0; i < n; ++i) CHECK(p[i] == doctest::Approx(pr[i]).epsilon(1e-5));
-  std::vector<loom::bfloat16> pb(p0.begin(), p0.end());
-  std::vector<float> master(p0.begin(), p0.end()), m2(n, 0.f), v2(n, 0.f);
-  ops::adamw_step(host{}, make_view(pb.data(), n), make_view(master.data(), n), make_view(gf.data(), n),
-                  make_view(m2.data(), n), make_view(v2.data(), n), hp, 1);
-  std::vector<float> p1(p0.begin(), p0.end()), m1(n, 0.f), v1(n, 0.f);
-  ops::adamw_step(host{}, make_view(p1.data(), n), make_view(gf.data(), n), make_view(m1.data(), n),
-                  make_view(v1.data(), n), hp, 1);
-  for (index_t i = 0; i < n; ++i) {
-    CHECK(master[i] == p1[i]);
-    CHECK(pb[i].bits == loom::bfloat16(p1[i]).bits);
-  }
-  CHECK_THROWS_AS(ops::adamw_step(host{}, make_view(p.data(), n), make_view(gf.data(), n), make_view(m.data(), n),
-                                  make_view(v.data(), n), hp, 0),
-                  loom::error);
 }
