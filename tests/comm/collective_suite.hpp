@@ -198,29 +198,25 @@ void check_type(C& c, std::size_t n, bool with_async, failures& f) {
   }
 }
 
+/// Every operation on every element type at count n.
+template <loom::comm::communicator C>
+void check_every_type(C& c, std::size_t n, bool with_async, failures& f) {
+  check_type<C, float>(c, n, with_async, f);
+  check_type<C, double>(c, n, with_async, f);
+  check_type<C, loom::half>(c, n, with_async, f);
+  check_type<C, loom::bfloat16>(c, n, with_async, f);
+  check_type<C, std::int32_t>(c, n, with_async, f);
+  check_type<C, std::int64_t>(c, n, with_async, f);
+}
+
 /// The whole matrix: every op x {float, double, half, bfloat16, int32, int64} x sizes 0, 1, 7,
-/// 1000 and (when `big`) 2^20+3.
+/// 1000 and (when `big`) 2^20+3, which no rank count > 1 divides.
 template <loom::comm::communicator C>
 failures run_suite(C& c, bool big = true) {
   failures f;
-  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
-    const bool async = n == 1 || n == 1000;
-    check_type<C, float>(c, n, async, f);
-    check_type<C, double>(c, n, async, f);
-    check_type<C, loom::half>(c, n, async, f);
-    check_type<C, loom::bfloat16>(c, n, async, f);
-    check_type<C, std::int32_t>(c, n, async, f);
-    check_type<C, std::int64_t>(c, n, async, f);
-  }
-  if (big) {  // 2^20+3: not a multiple of any rank count > 1; every op on every type
-    const std::size_t n = (std::size_t{1} << 20) + 3;
-    check_type<C, float>(c, n, true, f);
-    check_type<C, double>(c, n, false, f);
-    check_type<C, loom::half>(c, n, false, f);
-    check_type<C, loom::bfloat16>(c, n, true, f);
-    check_type<C, std::int32_t>(c, n, false, f);
-    check_type<C, std::int64_t>(c, n, false, f);
-  }
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}})
+    check_every_type(c, n, n == 1 || n == 1000, f);
+  if (big) check_every_type(c, (std::size_t{1} << 20) + 3, true, f);
   return f;
 }
 
