@@ -14,6 +14,7 @@
 // layers (nn/tp), AdamW and the warmup-cosine schedule (optim), safetensors (io), the block
 // allocator, scheduler and paged attention (kv).
 
+#include <common/cli.hpp>
 #include <llama/generate/from_trained.hpp>
 #include <llama/generate/llama_engine.hpp>
 #include <llama/model/llama.hpp>
@@ -48,14 +49,6 @@ struct options {
   int max_new = 40;
 };
 
-int parse_int(const std::string& flag, const std::string& v) {
-  std::istringstream is(v);
-  long long x = 0;
-  is >> x;
-  LOOM_CHECK(is && is.eof(), "flag ", flag, " needs an integer, got '", v, "'");
-  return static_cast<int>(x);
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -74,13 +67,13 @@ int main(int argc, char** argv) {
       if (a == "--help" || a == "-h") {
         std::fputs(usage, stdout);
         return 0;
-      } else if (a == "--steps") o.steps = parse_int(a, value());
-      else if (a == "--dp") o.mesh.dp = parse_int(a, value());
-      else if (a == "--tp") o.mesh.tp = parse_int(a, value());
-      else if (a == "--pp") o.mesh.pp = parse_int(a, value());
-      else if (a == "--zero") o.zero = parse_int(a, value());
+      } else if (a == "--steps") o.steps = examples::cli::number<int>(a, value());
+      else if (a == "--dp") o.mesh.dp = examples::cli::number<int>(a, value());
+      else if (a == "--tp") o.mesh.tp = examples::cli::number<int>(a, value());
+      else if (a == "--pp") o.mesh.pp = examples::cli::number<int>(a, value());
+      else if (a == "--zero") o.zero = examples::cli::number<int>(a, value());
       else if (a == "--out") o.out = value();
-      else if (a == "--max-new") o.max_new = parse_int(a, value());
+      else if (a == "--max-new") o.max_new = examples::cli::number<int>(a, value());
       else LOOM_THROW("unknown flag '", a, "'");
     }
     LOOM_CHECK(o.steps >= 1, "--steps must be >= 1, got ", o.steps);

@@ -210,7 +210,7 @@ TEST_CASE("scheduler: requests that can never run are rejected") {
   }
   sch.add(r);
   CHECK_THROWS_AS(sch.add(r), loom::error);  // duplicate id
-  sch.abort(1);
+  sch.cancel(1);
   CHECK_FALSE(sch.has_work());
   CHECK(alloc.num_free() == 4);
 }

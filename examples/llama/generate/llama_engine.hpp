@@ -83,7 +83,7 @@ class llama_engine {
                  " outside the vocabulary of ", w_->config.vocab_size);
     sched_.add(std::move(r));
   }
-  void abort(std::uint64_t id) { sched_.abort(id); }
+  void cancel(std::uint64_t id) { sched_.cancel(id); }
   bool has_work() const noexcept { return sched_.has_work(); }
 
   /// Runs one scheduler step; returns the tokens produced.

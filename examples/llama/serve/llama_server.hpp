@@ -143,7 +143,7 @@ class llama_server {
         cv_.wait_for(lk, std::chrono::milliseconds(50),
                      [&] { return !running_ || !queue_.empty() || !aborts_.empty() || engine_.has_work(); });
         for (auto id : aborts_) {
-          engine_.abort(id);
+          engine_.cancel(id);
           if (auto it = live.find(id); it != live.end()) finish(*it->second, loom::kv::finish_reason::aborted, "");
           live.erase(id);
         }
@@ -179,7 +179,7 @@ class llama_server {
         engine_.scheduler().take_finished();
       } catch (const std::exception& e) {  // a failed step fails its requests, not the server
         for (auto& [id, ch] : live) {
-          engine_.abort(id);
+          engine_.cancel(id);
           finish(*ch, loom::kv::finish_reason::aborted, e.what());
         }
         live.clear();

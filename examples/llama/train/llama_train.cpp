@@ -1,5 +1,6 @@
 // llama-train: pretrain a LLaMA on token shards, single rank, DeepSpeed-style config.
 // See trainer.hpp for the step and docs/training.md for the flags and the config keys.
+#include <common/cli.hpp>
 #include "trainer.hpp"
 
 #include <cstdio>
@@ -24,18 +25,8 @@ const char* usage =
     "  The config's batch, precision, optimizer, scheduler and clipping win; its \"auto\" values and a\n"
     "  missing config take the flags. --data defaults to the generated example corpus.\n";
 
-struct bad_args : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-template <class T>
-T number(const std::string& flag, const std::string& v) {
-  std::istringstream is(v);
-  T x{};
-  is >> x;
-  if (!is || !is.eof()) throw bad_args("flag " + flag + " needs a number, got '" + v + "'");
-  return x;
-}
+using examples::cli::bad_args;
+using examples::cli::number;
 
 llama_train::options parse(int argc, char** argv) {
   llama_train::options o;

@@ -3,6 +3,7 @@
 // Under `mpirun -np dp*tp*pp` (a build with MPI) each process is one rank, over mpi_comm.
 // The corpus is the synthetic counting stream of train3d.hpp (learnable, the same for every
 // mesh, so runs on different meshes print the same losses).
+#include <common/cli.hpp>
 #include "train3d.hpp"
 
 #include <loom/comm/thread_comm.hpp>
@@ -32,18 +33,8 @@ const char* usage =
     "  Ranks are threads (dp*tp*pp of them), or the processes of `mpirun -np dp*tp*pp`. A config's zero stage, micro batch, gradient\n"
     "  accumulation (= micro-batches per step), optimizer, scheduler and clipping win over the flags.\n";
 
-struct bad_args : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-template <class T>
-T number(const std::string& flag, const std::string& v) {
-  std::istringstream is(v);
-  T x{};
-  is >> x;
-  if (!is || !is.eof()) throw bad_args("flag " + flag + " needs a number, got '" + v + "'");
-  return x;
-}
+using examples::cli::bad_args;
+using examples::cli::number;
 
 struct program_options {
   llama::config cfg;

@@ -159,7 +159,7 @@ class scheduler {
   }
 
   /// Ends a request now (e.g. the client went away); its blocks are released.
-  void abort(std::uint64_t id) {
+  void cancel(std::uint64_t id) {
     auto it = seqs_.find(id);
     if (it == seqs_.end()) return;
     sequence* s = it->second.get();
