@@ -7,9 +7,14 @@
 // convention): all_reduce/broadcast count*sizeof(T), all_gather the gathered output,
 // reduce_scatter the input. busbw = algbw x (n-1)/n for all_gather/reduce_scatter, x 2(n-1)/n
 // for all_reduce, x 1 for broadcast. time is the slowest rank's mean over -n iterations.
-// --baseline times the raw transport on the same buffers in the same run and prints its
-// busbw and loom/baseline: raw MPI calls for --comm mpi; for --comm thread a concurrent
-// memcpy of `size` bytes on every rank (the bandwidth a shared-memory collective is bound by).
+// --baseline times the raw transport in the same run and prints its busbw and loom/baseline:
+// for --comm mpi the raw MPI call on the out-of-place case's own buffers; for --comm thread a
+// concurrent memcpy of `size` bytes on every rank (the bandwidth a shared-memory collective
+// is bound by).
+// With --rounds R the variants of a size are timed back to back in every round, the order
+// rotated from round to round (so neither side always runs first), time/busbw are the best
+// round, and the ratio is the median over rounds of the paired per-round ratio: drift of a
+// shared machine between rounds cancels in the pair, and one disturbed round cannot move it.
 // The program is written once over `communicator C`, like every loom algorithm.
 
 #include <loom/comm/thread_comm.hpp>
@@ -75,7 +80,7 @@ const char* usage_text =
     "  -d, --datatype <t|all>      float, double, half, bfloat16, int32, int64 (default float)\n"
     "  -o, --op <sum|avg|max|min|all>  reduction (default sum)\n"
     "  -r, --root <rank>           broadcast root (default 0)\n"
-    "      --rounds <n>            repeat the timed loop n times and keep the fastest mean (default 1)\n"
+    "      --rounds <n>            time every variant n times, order rotated; keep the fastest; ratio: median of per-round pairs (default 1)\n"
     "      --coll <name|all>       all_reduce, all_gather, reduce_scatter, broadcast (default all_reduce)\n"
     "      --comm <thread|mpi|nccl> communicator (default thread; mpi and nccl under mpirun)\n"
     "      --ranks <n>             thread ranks (default 4)\n"
@@ -232,7 +237,15 @@ struct row {
   std::size_t bytes = 0, count = 0;
   int root = -1;
   timing oop, ip, base;
+  double ratio = 0;  // loom out-of-place busbw / baseline busbw: median of the per-round pairs
 };
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
 
 double bus_factor(coll c, int p) {
   if (p == 1) return c == coll::broadcast ? 1.0 : 0.0;
@@ -279,19 +292,23 @@ class bench {
       if (k == coll::all_reduce || k == coll::all_gather)
         cases.push_back(std::make_unique<bench_case<T>>(*this, k, op, count, per, variant::in_place));
       if (o_.baseline && base_.run(k, op, static_cast<const T*>(nullptr), static_cast<T*>(nullptr), 0, 0, o_.root))
-        cases.push_back(std::make_unique<bench_case<T>>(*this, k, op, count, per, variant::baseline));
+        cases.push_back(std::make_unique<bench_case<T>>(*this, k, op, count, per, variant::baseline,
+                                                        base_.is_memcpy() ? nullptr : cases.front().get()));
       std::vector<double> best(cases.size(), 0.0);
+      std::vector<std::vector<double>> times(cases.size());  // [variant][round]
       for (auto& cs : cases) {
         cs->fill();
         for (int i = 0; i < o_.warmup; ++i) cs->once();
       }
       for (int round = 0; round < o_.rounds; ++round)
-        for (std::size_t v = 0; v < cases.size(); ++v) {
+        for (std::size_t j = 0; j < cases.size(); ++j) {
+          const std::size_t v = (j + static_cast<std::size_t>(round)) % cases.size();  // rotate who goes first
           c_.barrier();
           const auto t0 = std::chrono::steady_clock::now();
           for (int i = 0; i < o_.iters; ++i) cases[v]->once();
           if constexpr (!Dev::host_accessible) c_.barrier();  // device work must have finished
           const double us = slowest(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / o_.iters);
+          times[v].push_back(us);
           best[v] = round == 0 ? us : std::min(best[v], us);
         }
       for (std::size_t v = 0; v < cases.size(); ++v) {
@@ -303,6 +320,13 @@ class bench {
         t.busbw = t.algbw * (memcpy_base ? 1.0 : bus_factor(k, p));
         if (o_.check && cases[v]->var != variant::baseline) t.wrong = cases[v]->check();
         (cases[v]->var == variant::out_of_place ? r.oop : cases[v]->var == variant::in_place ? r.ip : r.base) = t;
+      }
+      if (cases.back()->var == variant::baseline) {  // same bytes: busbw ratio = time ratio x bus factors
+        const double f = (r.oop.us > 0 && r.base.us > 0) ? (r.oop.busbw * r.oop.us) / (r.base.busbw * r.base.us) : 0.0;
+        std::vector<double> pairs;
+        for (std::size_t i = 0; i < times.front().size(); ++i)
+          if (times.front()[i] > 0) pairs.push_back(f * times.back()[i] / times.front()[i]);
+        r.ratio = median(pairs);
       }
       rows.push_back(r);
       if (c_.rank() == 0) print_row(r);
@@ -330,14 +354,21 @@ class bench {
     std::size_t n_in, n_out;
     dbuf<T, Dev> in, out;  // in: [n_in] (none when in place); out: [n_out]
     T* src;
+    // The raw MPI baseline runs on the out-of-place case's very buffers (same pages, same
+    // alignment: a large-message copy's cost depends on them); the memcpy baseline copies
+    // `count` elements, more than an all_gather input holds, so it has its own.
+    bench_case* shared;
 
-    bench_case(bench& bb, coll kk, reduce_op o, std::size_t c, std::size_t p, variant v)
+    bench_case(bench& bb, coll kk, reduce_op o, std::size_t c, std::size_t p, variant v, bench_case* share = nullptr)
         : b(bb), k(kk), op(o), count(c), per(p), var(v), n_in(k == coll::all_gather ? per : count),
-          n_out(k == coll::reduce_scatter ? per : count), in(v == variant::in_place ? 0 : (v == variant::baseline ? count : n_in)),
-          out(v == variant::baseline ? count : n_out),
-          src(v == variant::in_place ? out.data() + (k == coll::all_gather ? per * static_cast<std::size_t>(b.c_.rank()) : 0) : in.data()) {}
+          n_out(k == coll::reduce_scatter ? per : count),
+          in(v == variant::in_place || share ? 0 : (v == variant::baseline ? count : n_in)),
+          out(share ? 0 : (v == variant::baseline ? count : n_out)),
+          src(v == variant::in_place ? out.data() + (k == coll::all_gather ? per * static_cast<std::size_t>(b.c_.rank()) : 0) : in.data()),
+          shared(share) {}
 
     void fill() {
+      if (shared) return;
       const int me = b.c_.rank();
       std::vector<T> h(n_in);
       for (std::size_t i = 0; i < n_in; ++i) h[i] = to_t<T>(k == coll::broadcast && me != b.o_.root ? 99.0 : gen(me, i));
@@ -347,7 +378,8 @@ class bench {
     }
     void once() {
       if (var == variant::baseline) {
-        b.base_.run(k, op, static_cast<const T*>(in.data()), out.data(), per, count, b.o_.root);
+        bench_case& bc = shared ? *shared : *this;
+        b.base_.run(k, op, static_cast<const T*>(bc.in.data()), bc.out.data(), per, count, b.o_.root);
         return;
       }
       auto& c = b.c_;
@@ -392,7 +424,7 @@ class bench {
     std::printf("%14zu %14zu %10s %7s %7d%s  %s", r.bytes, r.count, r.type_s.c_str(), r.op_s.c_str(), r.root, cols(r.oop).c_str(),
                 cols(r.ip).c_str());
     if (o_.baseline) {
-      if (r.base.valid) std::printf("  %10.2f %7.2f %6.3f", r.base.us, r.base.busbw, r.base.busbw > 0 ? r.oop.busbw / r.base.busbw : 0.0);
+      if (r.base.valid) std::printf("  %10.2f %7.2f %6.3f", r.base.us, r.base.busbw, r.ratio);
       else std::printf("  %10s %7s %6s", "N/A", "N/A", "N/A");
     }
     std::printf("\n");
@@ -493,7 +525,8 @@ int print_footer_and_json(const options& o, int ranks, const std::vector<row>& r
       const auto& r = rows[i];
       js << "  {\"coll\": \"" << r.coll_s << "\", \"size\": " << r.bytes << ", \"count\": " << r.count << ", \"type\": \"" << r.type_s
          << "\", \"redop\": \"" << r.op_s << "\", \"root\": " << r.root << ", \"out_of_place\": " << t(r.oop) << ", \"in_place\": " << t(r.ip)
-         << ", \"baseline\": " << t(r.base) << ", \"ratio\": " << (r.base.valid && r.base.busbw > 0 ? r.oop.busbw / r.base.busbw : 0.0)
+         << ", \"baseline\": " << t(r.base) << ", \"ratio\": " << r.ratio
+         << ", \"ratio_of_best\": " << (r.base.valid && r.base.busbw > 0 ? r.oop.busbw / r.base.busbw : 0.0)
          << "}" << (i + 1 < rows.size() ? ",\n" : "\n");
     }
     js << "]}\n";
