@@ -200,8 +200,7 @@ class model {
     const index_t n = n_, d = cfg_.dim;
     std::span<P> p = params();
     std::span<T> g = grads();
-    std::fill(dlogits_.begin(), dlogits_.end(), T(0));
-    loss_.backward(logits2(), targets_view(), loom::make_view(dlogits_.data(), n, cfg_.vocab), dloss);
+    loss_.backward(logits2(), targets_view(), loom::make_view(dlogits_.data(), n, cfg_.vocab), dloss, /*accumulate=*/false);
     ws_.reset();
     auto dxf = ws_.take_zeroed(n * d);
     output_.backward(p, g, xf_.view(n, d), loom::make_view(dlogits_.data(), n, cfg_.vocab), loom::make_view(dxf.data(), n, d),
@@ -317,8 +316,10 @@ class model {
   }
 
   static void add(T* LOOM_RESTRICT y, const T* LOOM_RESTRICT x, index_t n) {
-    LOOM_SIMD
-    for (index_t i = 0; i < n; ++i) y[i] += x[i];
+    loom::ops::detail::parallel_rows(n, 32768, [&](index_t i0, index_t i1) {
+      LOOM_SIMD
+      for (index_t i = i0; i < i1; ++i) y[i] += x[i];
+    });
   }
   view2<T> resid(index_t l) { return loom::make_view(resid_.data() + l * n_ * cfg_.dim, n_, cfg_.dim); }
   view2<const T> logits2() const { return loom::make_view(logits_.data(), n_, cfg_.vocab); }

@@ -21,10 +21,14 @@
 #define LOOM_LIKELY(x) __builtin_expect(!!(x), 1)
 #define LOOM_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define LOOM_RESTRICT __restrict__
+/// Inlined even where the compiler's size heuristics would not: for small math helpers called
+/// inside vectorised loops (a call there stops the loop from being vectorised).
+#define LOOM_FORCE_INLINE inline __attribute__((always_inline))
 #else
 #define LOOM_LIKELY(x) (x)
 #define LOOM_UNLIKELY(x) (x)
 #define LOOM_RESTRICT
+#define LOOM_FORCE_INLINE inline
 #endif
 
 namespace loom {

@@ -19,11 +19,12 @@ class cross_entropy {
     if (lse_.size() < static_cast<std::size_t>(logits.extent(0))) lse_ = buffer<T>(logits.extent(0));
     return ops::cross_entropy_forward(host{}, logits, targets, lse(logits.extent(0)), opt_);
   }
-  /// dlogits += dloss * d(mean loss)/dlogits for the logits of the last forward.
+  /// dlogits += dloss * d(mean loss)/dlogits for the logits of the last forward (dlogits = ...
+  /// when !accumulate: the caller need not zero it first).
   template <class Tgt>
   void backward(ops::in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets, tensor_view<T, host, 2> dlogits,
-                T dloss = T(1)) const {
-    ops::cross_entropy_backward(host{}, logits, targets, lse(logits.extent(0)), dlogits, dloss, opt_);
+                T dloss = T(1), bool accumulate = true) const {
+    ops::cross_entropy_backward(host{}, logits, targets, lse(logits.extent(0)), dlogits, dloss, opt_, accumulate);
   }
   const ops::cross_entropy_options& options() const noexcept { return opt_; }
 

@@ -49,10 +49,10 @@ class swiglu_mlp {
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
                 tensor_view<T, host, 2> dx, workspace<T>& ws) const {
     const index_t n = rows(x, a), f = hidden_dim();
-    auto dh = ws.take_zeroed(n * f), dg = ws.take_zeroed(n * f), du = ws.take_zeroed(n * f);
+    auto dh = ws.take_zeroed(n * f), dg = ws.take(n * f), du = ws.take(n * f);  // dg, du: written, not added
     w2_.backward(params, grads, make_view(a.hidden.data(), n, f), dy, make_view(dh.data(), n, f), ws);
     ops::swiglu_backward(host{}, make_view(dh.data(), n * f), a.gate.view(), a.up.view(), make_view(dg.data(), n * f),
-                         make_view(du.data(), n * f));
+                         make_view(du.data(), n * f), /*accumulate=*/false);
     w1_.backward(params, grads, x, make_view(dg.data(), n, f), dx, ws);
     w3_.backward(params, grads, x, make_view(du.data(), n, f), dx, ws);
   }

@@ -4,6 +4,7 @@
 #include "grad_check.hpp"
 
 #include <loom/core/buffer.hpp>
+#include <loom/core/thread_pool.hpp>
 #include <loom/ops/host/activation.hpp>
 #include <loom/ops/host/attention.hpp>
 #include <loom/ops/host/cross_entropy.hpp>
@@ -173,6 +174,22 @@ TEST_CASE("softmax: forward against exp/sum, backward against finite differences
 }
 
 namespace {
+TEST_CASE("softmax_row_prefix: softmax of the first n of a row, zeros after, for every n") {
+  for (const index_t width : {1, 16, 37, 64}) {
+    for (index_t n = 1; n <= width; ++n) {
+      std::vector<float> row(static_cast<std::size_t>(width));
+      for (index_t j = 0; j < width; ++j) row[j] = static_cast<float>(std::sin(0.7 * double(j + n)) * 6.0);
+      std::vector<double> ref(static_cast<std::size_t>(n));
+      double mx = row[0], z = 0;
+      for (index_t j = 0; j < n; ++j) mx = std::max(mx, double(row[j]));
+      for (index_t j = 0; j < n; ++j) z += ref[j] = std::exp(double(row[j]) - mx);
+      ops::detail::softmax_row_prefix(row.data(), n, width);
+      for (index_t j = 0; j < n; ++j) CHECK(row[j] == doctest::Approx(ref[j] / z).epsilon(1e-5));
+      for (index_t j = n; j < width; ++j) CHECK(row[j] == 0.f);
+    }
+  }
+}
+
 // Naive attention: per query position, scores over allowed keys, softmax, weighted sum.
 vec naive_attention(const vec& q, const vec& k, const vec& v, index_t b, index_t s, index_t h, index_t kvh, index_t hd,
                     index_t prefix) {
@@ -257,6 +274,14 @@ TEST_CASE("swiglu and gelu: forward against closed forms, backward against finit
                        make_view(da.data(), n), make_view(db.data(), n));
   check_gradient(a, da, fwd, "da");
   check_gradient(bb, db, fwd, "db");
+  // accumulate = false writes the same gradients over whatever was there (NaN included).
+  vec da2(n, std::nan("")), db2(n, std::nan(""));
+  ops::swiglu_backward(host{}, make_view(r.data(), n), make_view(a.data(), n), make_view(bb.data(), n),
+                       make_view(da2.data(), n), make_view(db2.data(), n), /*accumulate=*/false);
+  for (index_t i = 0; i < n; ++i) {
+    CHECK(da2[i] == doctest::Approx(da[i]).epsilon(1e-14));
+    CHECK(db2[i] == doctest::Approx(db[i]).epsilon(1e-14));
+  }
 
   for (auto approx : {ops::gelu_approx::none, ops::gelu_approx::tanh}) {
     auto g = [&] {
@@ -326,11 +351,90 @@ TEST_CASE("cross-entropy: mean over non-ignored targets, backward by finite diff
                               make_view(dl.data(), n, v));
   check_gradient(logits, dl, fwd, "dlogits");
   for (index_t j = 0; j < v; ++j) CHECK(dl[1 * v + j] == 0.0);  // the ignored row
+  // accumulate = false overwrites whatever dlogits held: same values as adding into zeros.
+  fwd();  // lse of the unperturbed logits again (check_gradient's last call perturbed them)
+  vec over(n * v, 7.0);
+  ops::cross_entropy_backward(host{}, make_view(logits.data(), n, v), make_view(tgt.data(), n), make_view(lse.data(), n),
+                              make_view(over.data(), n, v), 1.0, {}, /*accumulate=*/false);
+  for (std::size_t i = 0; i < dl.size(); ++i) CHECK(over[i] == doctest::Approx(dl[i]).epsilon(1e-14));  // libm vs vector exp
   tgt[2] = 7;
   try {
     fwd();
     FAIL("no error for target 7");
   } catch (const loom::error& e) {
     CHECK(std::string(e.what()).find("target 7") != std::string::npos);
+  }
+}
+
+TEST_CASE("host kernels split over the pool give bit-identical results on 1 and 3 threads") {
+  using fvec = std::vector<float>;
+  // Sizes chosen so that every kernel splits into 3 parts on the 3-thread pool.
+  auto run = [](loom::thread_pool& pool) {
+    loom::host_pool_scope scope(pool);
+    std::vector<fvec> out;
+    {  // rmsnorm [600, 256]
+      const index_t n = 600, d = 256;
+      fvec x = to_float(random_vector(n * d, 31)), w = to_float(random_vector(d, 32)), dy = to_float(random_vector(n * d, 33));
+      fvec y(n * d), rstd(n), dx(n * d, 0.f), dw(d, 0.f);
+      ops::rmsnorm_forward(host{}, make_view(x.data(), n, d), make_view(w.data(), d), make_view(y.data(), n, d),
+                           make_view(rstd.data(), n), 1e-5f);
+      ops::rmsnorm_backward(host{}, make_view(dy.data(), n, d), make_view(x.data(), n, d), make_view(w.data(), d),
+                            make_view(rstd.data(), n), make_view(dx.data(), n, d), make_view(dw.data(), d));
+      out.insert(out.end(), {y, rstd, dx, dw});
+    }
+    {  // cross-entropy [96, 1024] with ignored rows
+      const index_t n = 96, v = 1024;
+      fvec logits = to_float(random_vector(n * v, 34, 3.0)), lse(n), dl(n * v);
+      std::vector<std::int32_t> tgt(n);
+      for (index_t i = 0; i < n; ++i) tgt[i] = i % 7 == 3 ? -100 : std::int32_t((i * 37) % v);
+      const float loss = ops::cross_entropy_forward(host{}, make_view(logits.data(), n, v), make_view(tgt.data(), n),
+                                                    make_view(lse.data(), n));
+      ops::cross_entropy_backward(host{}, make_view(logits.data(), n, v), make_view(tgt.data(), n), make_view(lse.data(), n),
+                                  make_view(dl.data(), n, v), 1.f, {}, false);
+      out.insert(out.end(), {fvec{loss}, lse, dl});
+    }
+    {  // swiglu over 150,000 elements
+      const index_t n = 150000;
+      fvec a = to_float(random_vector(n, 35, 3.0)), b = to_float(random_vector(n, 36)), dy = to_float(random_vector(n, 37));
+      fvec y(n), da(n, 0.f), db(n, 0.f);
+      ops::swiglu_forward(host{}, make_view(a.data(), n), make_view(b.data(), n), make_view(y.data(), n));
+      ops::swiglu_backward(host{}, make_view(dy.data(), n), make_view(a.data(), n), make_view(b.data(), n),
+                           make_view(da.data(), n), make_view(db.data(), n));
+      out.insert(out.end(), {y, da, db});
+    }
+    {  // rope [2, 512, 4, 32], both conventions, forward then backward
+      const index_t b = 2, s = 512, h = 4, hd = 32;
+      ops::rope_table<float> table(s, hd, 10000.0);
+      for (auto style : {ops::rope_style::interleaved, ops::rope_style::half_split}) {
+        fvec x = to_float(random_vector(b * s * h * hd, 38));
+        ops::rope_forward(host{}, make_view(x.data(), b, s, h, hd), table, style);
+        out.push_back(x);
+        ops::rope_backward(host{}, make_view(x.data(), b, s, h, hd), table, style);
+        out.push_back(x);
+      }
+    }
+    {  // attention, GQA: [2, 80, 4 heads / 2 kv heads, 16]
+      const index_t b = 2, s = 80, h = 4, kvh = 2, hd = 16;
+      fvec q = to_float(random_vector(b * s * h * hd, 39)), k = to_float(random_vector(b * s * kvh * hd, 40)),
+           v = to_float(random_vector(b * s * kvh * hd, 41)), dout = to_float(random_vector(b * s * h * hd, 42));
+      fvec o(q.size()), probs(b * h * s * s), dq(q.size(), 0.f), dk(k.size(), 0.f), dv(v.size(), 0.f), scratch(s * s);
+      ops::attention_forward(host{}, make_view(q.data(), b, s, h, hd), make_view(k.data(), b, s, kvh, hd),
+                             make_view(v.data(), b, s, kvh, hd), make_view(o.data(), b, s, h, hd),
+                             make_view(probs.data(), b, h, s, s));
+      ops::attention_backward(host{}, make_view(dout.data(), b, s, h, hd), make_view(q.data(), b, s, h, hd),
+                              make_view(k.data(), b, s, kvh, hd), make_view(v.data(), b, s, kvh, hd),
+                              make_view(probs.data(), b, h, s, s), make_view(dq.data(), b, s, h, hd),
+                              make_view(dk.data(), b, s, kvh, hd), make_view(dv.data(), b, s, kvh, hd),
+                              make_view(scratch.data(), s, s));
+      out.insert(out.end(), {o, probs, dq, dk, dv});
+    }
+    return out;
+  };
+  loom::thread_pool one(1), three(3);
+  const auto a = run(one), b = run(three);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("output ", i);
+    CHECK(a[i] == b[i]);
   }
 }

@@ -7,47 +7,56 @@
 // Inputs are 1-D contiguous views (any activation flattened); backward adds into the input
 // gradients. Loops are plain so the compiler vectorises them.
 
-#include <loom/ops/host/common.hpp>
-
 #include <cmath>
+#include <loom/ops/host/common.hpp>
 
 namespace loom::ops {
 
 enum class gelu_approx { none, tanh };
 
-
 /// out = silu(a) * b
 template <compute_type T>
-inline void swiglu_forward(host, in_view<T, 1> a, in_view<T, 1> b,
-                           tensor_view<T, host, 1> out) {
+inline void swiglu_forward(host, in_view<T, 1> a, in_view<T, 1> b, tensor_view<T, host, 1> out) {
   const index_t n = a.numel();
   detail::require_same_length("ops::swiglu_forward", n, a, b, out);
   const T *ap = a.data(), *bp = b.data();
   T* op = out.data();
-  LOOM_SIMD
-  for (index_t i = 0; i < n; ++i) op[i] = ap[i] / (T(1) + ops::exp(-ap[i])) * bp[i];
+  detail::parallel_rows(n, 32768, [&](index_t i0, index_t i1) {
+    LOOM_SIMD
+    for (index_t i = i0; i < i1; ++i) op[i] = ap[i] / (T(1) + ops::exp(-ap[i])) * bp[i];
+  });
 }
 
-/// da += dout * b * silu'(a), db += dout * silu(a)
+/// da += dout * b * silu'(a), db += dout * silu(a)   (da = ..., db = ... when !accumulate)
 template <compute_type T>
-inline void swiglu_backward(host, in_view<T, 1> dout, in_view<T, 1> a,
-                            in_view<T, 1> b, tensor_view<T, host, 1> da, tensor_view<T, host, 1> db) {
+inline void swiglu_backward(host, in_view<T, 1> dout, in_view<T, 1> a, in_view<T, 1> b, tensor_view<T, host, 1> da,
+                            tensor_view<T, host, 1> db, bool accumulate = true) {
   const index_t n = a.numel();
   detail::require_same_length("ops::swiglu_backward", n, dout, a, b, da, db);
   const T *dp = dout.data(), *ap = a.data(), *bp = b.data();
   T *dap = da.data(), *dbp = db.data();
-  LOOM_SIMD
-  for (index_t i = 0; i < n; ++i) {
-    const T sig = T(1) / (T(1) + ops::exp(-ap[i]));
-    dap[i] += dp[i] * bp[i] * sig * (T(1) + ap[i] * (T(1) - sig));
-    dbp[i] += dp[i] * ap[i] * sig;
-  }
+  detail::parallel_rows(n, 32768, [&](index_t i0, index_t i1) {
+    if (accumulate) {
+      LOOM_SIMD
+      for (index_t i = i0; i < i1; ++i) {
+        const T sig = T(1) / (T(1) + ops::exp(-ap[i]));
+        dap[i] += dp[i] * bp[i] * sig * (T(1) + ap[i] * (T(1) - sig));
+        dbp[i] += dp[i] * ap[i] * sig;
+      }
+    } else {
+      LOOM_SIMD
+      for (index_t i = i0; i < i1; ++i) {
+        const T sig = T(1) / (T(1) + ops::exp(-ap[i]));
+        dap[i] = dp[i] * bp[i] * sig * (T(1) + ap[i] * (T(1) - sig));
+        dbp[i] = dp[i] * ap[i] * sig;
+      }
+    }
+  });
 }
 
 /// y = gelu(x)
 template <compute_type T>
-inline void gelu_forward(host, in_view<T, 1> x, tensor_view<T, host, 1> y,
-                         gelu_approx approx = gelu_approx::none) {
+inline void gelu_forward(host, in_view<T, 1> x, tensor_view<T, host, 1> y, gelu_approx approx = gelu_approx::none) {
   const index_t n = x.numel();
   detail::require_same_length("ops::gelu_forward", n, x, y);
   const T* xp = x.data();
@@ -59,14 +68,15 @@ inline void gelu_forward(host, in_view<T, 1> x, tensor_view<T, host, 1> y,
   } else {
     const T c = T(0.79788456080286535588), k = T(0.044715);
     LOOM_SIMD
-    for (index_t i = 0; i < n; ++i) yp[i] = T(0.5) * xp[i] * (T(1) + std::tanh(c * (xp[i] + k * xp[i] * xp[i] * xp[i])));
+    for (index_t i = 0; i < n; ++i)
+      yp[i] = T(0.5) * xp[i] * (T(1) + std::tanh(c * (xp[i] + k * xp[i] * xp[i] * xp[i])));
   }
 }
 
 /// dx += dy * gelu'(x)
 template <compute_type T>
-inline void gelu_backward(host, in_view<T, 1> dy, in_view<T, 1> x,
-                          tensor_view<T, host, 1> dx, gelu_approx approx = gelu_approx::none) {
+inline void gelu_backward(host, in_view<T, 1> dy, in_view<T, 1> x, tensor_view<T, host, 1> dx,
+                          gelu_approx approx = gelu_approx::none) {
   const index_t n = x.numel();
   detail::require_same_length("ops::gelu_backward", n, dy, x, dx);
   const T *dyp = dy.data(), *xp = x.data();

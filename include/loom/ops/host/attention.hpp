@@ -8,19 +8,25 @@
 // softmax(S) under the mask, O = P V; backward dP = dO V^T, dV += P^T dO, dS = P(dP -
 // rowsum(dP P)) scale, dQ += dS K, dK += dS^T Q. Query rows go in tiles of
 // `attention_tile`; a tile multiplies only the keys its last row may see (the causal
-// upper triangle is skipped tile by tile, and those probabilities are stored as 0). The probabilities P [batch, heads, seq, seq]
-// are saved by forward for backward (fine for the sequence lengths trained on the CPU).
+// upper triangle is skipped tile by tile, and those probabilities are stored as 0). The probabilities P [batch, heads,
+// seq, seq] are saved by forward for backward (fine for the sequence lengths trained on the CPU).
+//
+// Threads: the (batch, kv head) pairs are split over host_pool(); one pair's query heads run
+// in order on one thread, so dK/dV of a kv head shared by several query heads are summed in
+// the same order as on one thread (results do not depend on the thread count). While the
+// pool runs, OpenBLAS is held to one thread per call (blas_single_thread_scope).
 //
 // Mask: causal, with an optional prefix-LM part (`prefix` > 0): the first `prefix`
 // positions attend to each other in both directions, later ones causally to everything
 // before them.
 
+#include <algorithm>
+#include <cmath>
+#include <loom/core/thread_pool.hpp>
 #include <loom/ops/host/common.hpp>
 #include <loom/ops/host/gemm.hpp>
 #include <loom/ops/host/softmax.hpp>
-
-#include <algorithm>
-#include <cmath>
+#include <vector>
 
 namespace loom::ops {
 
@@ -76,8 +82,7 @@ inline head_set<Q, K, V, O> head_views(const tensor_view<Q, host, 4>& q, const t
 
 /// out = attention(q, k, v); probs [batch, heads, seq, seq] receives the softmax (saved for backward).
 template <compute_type T>
-inline void attention_forward(host, in_view<T, 4> q, in_view<T, 4> k,
-                              in_view<T, 4> v, tensor_view<T, host, 4> out,
+inline void attention_forward(host, in_view<T, 4> q, in_view<T, 4> k, in_view<T, 4> v, tensor_view<T, host, 4> out,
                               tensor_view<T, host, 4> probs, attention_mask mask = {}) {
   const char* fn = "ops::attention_forward";
   const auto d = detail::check_attention(q, k, v, out, fn);
@@ -85,32 +90,36 @@ inline void attention_forward(host, in_view<T, 4> q, in_view<T, 4> k,
   detail::require_contiguous(probs, fn, "probs");
   LOOM_CHECK(mask.prefix >= 0, fn, ": mask prefix must be >= 0, got prefix=", mask.prefix);
   const T scale = T(1) / std::sqrt(T(d.hd));
-  for (index_t bi = 0; bi < d.b; ++bi)
-    for (index_t hi = 0; hi < d.h; ++hi) {
-      const auto hv = detail::head_views(q, k, v, out, bi, hi, d);
-      T* pp = probs.data() + (bi * d.h + hi) * d.s * d.s;
-      for (index_t r0 = 0; r0 < d.s; r0 += attention_tile) {  // query rows [r0, r1) see keys [0, vis)
-        const index_t r1 = std::min(d.s, r0 + attention_tile), vis = mask.visible(r1 - 1, d.s);
-        tensor_view<T, host, 2> p(pp + r0 * d.s, extents<2>{r1 - r0, vis}, extents<2>{d.s, 1});
-        gemm(host{}, hv.q.slice(0, r0, r1), hv.k.slice(0, 0, vis).transpose(0, 1), p, scale, T(0));
-        for (index_t t = r0; t < r1; ++t) {
-          const index_t n = mask.visible(t, d.s);
-          T* row = pp + t * d.s;
-          detail::softmax_row(row, row, n);
-          std::fill(row + n, row + d.s, T(0));
+  auto& pool = host_pool();
+  const index_t pairs = d.b * d.kvh;
+  const blas_single_thread_scope one_blas_thread(pool.parts(pairs) > 1);
+  pool.parallel_for(pairs, 1, [&](int, index_t p0, index_t p1) {
+    for (index_t pair = p0; pair < p1; ++pair)
+      for (index_t hi = pair % d.kvh * d.group; hi < (pair % d.kvh + 1) * d.group; ++hi) {
+        const index_t bi = pair / d.kvh;
+        const auto hv = detail::head_views(q, k, v, out, bi, hi, d);
+        T* pp = probs.data() + (bi * d.h + hi) * d.s * d.s;
+        for (index_t r0 = 0; r0 < d.s; r0 += attention_tile) {  // query rows [r0, r1) see keys [0, vis)
+          const index_t r1 = std::min(d.s, r0 + attention_tile), vis = mask.visible(r1 - 1, d.s);
+          tensor_view<T, host, 2> p(pp + r0 * d.s, extents<2>{r1 - r0, vis}, extents<2>{d.s, 1});
+          gemm(host{}, hv.q.slice(0, r0, r1), hv.k.slice(0, 0, vis).transpose(0, 1), p, scale, T(0));
+          for (index_t t = r0; t < r1; ++t) {
+            T* row = pp + t * d.s;
+            detail::softmax_row_prefix(row, mask.visible(t, d.s), vis);
+            std::fill(row + vis, row + d.s, T(0));
+          }
+          gemm(host{}, tensor_view<const T, host, 2>(p), hv.v.slice(0, 0, vis), hv.o.slice(0, r0, r1));
         }
-        gemm(host{}, tensor_view<const T, host, 2>(p), hv.v.slice(0, 0, vis), hv.o.slice(0, r0, r1));
       }
-    }
+  });
 }
 
-/// dq, dk, dv += gradients of attention given dout; scratch: [seq, seq] workspace; mask as in forward.
+/// dq, dk, dv += gradients of attention given dout; scratch: [seq, seq] workspace of the calling
+/// thread (pool threads use a thread-local one of the same size); mask as in forward.
 template <compute_type T>
-inline void attention_backward(host, in_view<T, 4> dout, in_view<T, 4> q,
-                               in_view<T, 4> k, in_view<T, 4> v,
-                               in_view<T, 4> probs, tensor_view<T, host, 4> dq,
-                               tensor_view<T, host, 4> dk, tensor_view<T, host, 4> dv,
-                               tensor_view<T, host, 2> scratch, attention_mask mask = {}) {
+inline void attention_backward(host, in_view<T, 4> dout, in_view<T, 4> q, in_view<T, 4> k, in_view<T, 4> v,
+                               in_view<T, 4> probs, tensor_view<T, host, 4> dq, tensor_view<T, host, 4> dk,
+                               tensor_view<T, host, 4> dv, tensor_view<T, host, 2> scratch, attention_mask mask = {}) {
   const char* fn = "ops::attention_backward";
   const auto d = detail::check_attention(q, k, v, dout, fn);
   detail::require_shape(probs, extents<4>{d.b, d.h, d.s, d.s}, fn, "probs");
@@ -122,32 +131,44 @@ inline void attention_backward(host, in_view<T, 4> dout, in_view<T, 4> q,
   detail::require_shape(scratch, extents<2>{d.s, d.s}, fn, "scratch");
   detail::require_contiguous(scratch, fn, "scratch");
   const T scale = T(1) / std::sqrt(T(d.hd));
-  for (index_t bi = 0; bi < d.b; ++bi)
-    for (index_t hi = 0; hi < d.h; ++hi) {
-      const auto hv = detail::head_views(q, k, v, dout, bi, hi, d);
-      const auto gv = detail::head_views(dq, dk, dv, dout, bi, hi, d);
-      const T* pp = probs.data() + (bi * d.h + hi) * d.s * d.s;
-      for (index_t r0 = 0; r0 < d.s; r0 += attention_tile) {
-        const index_t r1 = std::min(d.s, r0 + attention_tile), vis = mask.visible(r1 - 1, d.s);
-        tensor_view<const T, host, 2> p(pp + r0 * d.s, extents<2>{r1 - r0, vis}, extents<2>{d.s, 1});
-        tensor_view<T, host, 2> ds(scratch.data(), extents<2>{r1 - r0, vis}, extents<2>{d.s, 1});
-        const auto dor = hv.o.slice(0, r0, r1);
-        gemm(host{}, dor, hv.v.slice(0, 0, vis).transpose(0, 1), ds);                  // dP
-        gemm(host{}, p.transpose(0, 1), dor, gv.v.slice(0, 0, vis), T(1), T(1));       // dV += P^T dO
-        for (index_t t = 0; t < r1 - r0; ++t) {                                         // dS = P (dP - <dP, P>) scale
-          const T* pr = &p(t, 0);
-          T* dr = &ds(t, 0);
-          T dot = 0;
-          LOOM_SIMD_SUM(dot)
-          for (index_t j = 0; j < vis; ++j) dot += pr[j] * dr[j];
-          LOOM_SIMD
-          for (index_t j = 0; j < vis; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
-        }
-        const tensor_view<const T, host, 2> dsc = ds;
-        gemm(host{}, dsc, hv.k.slice(0, 0, vis), gv.q.slice(0, r0, r1), T(1), T(1));             // dQ += dS K
-        gemm(host{}, dsc.transpose(0, 1), hv.q.slice(0, r0, r1), gv.k.slice(0, 0, vis), T(1), T(1));  // dK += dS^T Q
-      }
+  auto& pool = host_pool();
+  const index_t pairs = d.b * d.kvh;
+  const blas_single_thread_scope one_blas_thread(pool.parts(pairs) > 1);
+  pool.parallel_for(pairs, 1, [&](int part, index_t p0, index_t p1) {
+    thread_local std::vector<T> own;
+    T* sc = scratch.data();
+    if (part > 0) {
+      own.resize(static_cast<std::size_t>(d.s * d.s));
+      sc = own.data();
     }
+    for (index_t pair = p0; pair < p1; ++pair)
+      for (index_t hi = pair % d.kvh * d.group; hi < (pair % d.kvh + 1) * d.group; ++hi) {
+        const index_t bi = pair / d.kvh;
+        const auto hv = detail::head_views(q, k, v, dout, bi, hi, d);
+        const auto gv = detail::head_views(dq, dk, dv, dout, bi, hi, d);
+        const T* pp = probs.data() + (bi * d.h + hi) * d.s * d.s;
+        for (index_t r0 = 0; r0 < d.s; r0 += attention_tile) {
+          const index_t r1 = std::min(d.s, r0 + attention_tile), vis = mask.visible(r1 - 1, d.s);
+          tensor_view<const T, host, 2> p(pp + r0 * d.s, extents<2>{r1 - r0, vis}, extents<2>{d.s, 1});
+          tensor_view<T, host, 2> ds(sc, extents<2>{r1 - r0, vis}, extents<2>{d.s, 1});
+          const auto dor = hv.o.slice(0, r0, r1);
+          gemm(host{}, dor, hv.v.slice(0, 0, vis).transpose(0, 1), ds);             // dP
+          gemm(host{}, p.transpose(0, 1), dor, gv.v.slice(0, 0, vis), T(1), T(1));  // dV += P^T dO
+          for (index_t t = 0; t < r1 - r0; ++t) {                                   // dS = P (dP - <dP, P>) scale
+            const T* pr = &p(t, 0);
+            T* dr = &ds(t, 0);
+            T dot = 0;
+            LOOM_SIMD_SUM(dot)
+            for (index_t j = 0; j < vis; ++j) dot += pr[j] * dr[j];
+            LOOM_SIMD
+            for (index_t j = 0; j < vis; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+          }
+          const tensor_view<const T, host, 2> dsc = ds;
+          gemm(host{}, dsc, hv.k.slice(0, 0, vis), gv.q.slice(0, r0, r1), T(1), T(1));                  // dQ += dS K
+          gemm(host{}, dsc.transpose(0, 1), hv.q.slice(0, r0, r1), gv.k.slice(0, 0, vis), T(1), T(1));  // dK += dS^T Q
+        }
+      }
+  });
 }
 
 }  // namespace loom::ops

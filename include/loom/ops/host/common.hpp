@@ -6,17 +6,20 @@
 // gradient checks) while parameters may be stored in 16 bits. One load function keeps that
 // conversion in one place. Elementwise loops are written plainly and marked with
 // `#pragma omp simd` (honoured through -fopenmp-simd, which loom::blas adds) so reductions
-// vectorise without -ffast-math.
+// vectorise without -ffast-math. Row-wise and elementwise kernels split their rows over
+// host_pool() with parallel_rows (contiguous parts, each row computed exactly as on one
+// thread, so results do not depend on the thread count).
 
-#include <loom/core/device.hpp>
-#include <loom/core/dtype.hpp>
-#include <loom/core/error.hpp>
-#include <loom/core/tensor_view.hpp>
-
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <loom/core/device.hpp>
+#include <loom/core/dtype.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/tensor_view.hpp>
+#include <loom/core/thread_pool.hpp>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -55,7 +58,7 @@ inline T load(P p) noexcept {
 /// written with operations compilers vectorise without -ffast-math (libm's expf is not
 /// vectorised then). For double: std::exp (finite-difference checks want it exact).
 template <compute_type T>
-inline T exp(T x) noexcept {
+LOOM_FORCE_INLINE T exp(T x) noexcept {
   if constexpr (std::is_same_v<T, double>) {
     return std::exp(x);
   } else {
@@ -77,6 +80,18 @@ inline T exp(T x) noexcept {
 
 namespace detail {
 
+/// Rows per part so that a part has at least ~32K elements of work: below that the pool's
+/// wake-up (a few microseconds) costs more than it saves.
+inline index_t rows_grain(index_t row_elems) {
+  return std::max<index_t>(1, index_t(32768) / std::max<index_t>(row_elems, 1));
+}
+
+/// fn(begin, end) over the rows [0, n) on host_pool(), parts of at least `grain` rows.
+template <class F>
+inline void parallel_rows(index_t n, index_t grain, F&& fn) {
+  host_pool().parallel_for(n, grain, [&](int, index_t b, index_t e) { fn(b, e); });
+}
+
 /// "[2, 3]": extents as text for error messages (std::array has no operator<< that
 /// LOOM_CHECK's message builder can find).
 template <std::size_t R>
@@ -89,7 +104,8 @@ inline std::string str(const extents<R>& e) {
 /// Throws unless the view is dense row-major; `what` names the argument.
 template <class V>
 inline void require_contiguous(const V& v, const char* fn, const char* what) {
-  LOOM_CHECK(v.is_contiguous(), fn, ": ", what, " must be contiguous (shape ", str(v.shape()), ", strides ", str(v.strides()), ")");
+  LOOM_CHECK(v.is_contiguous(), fn, ": ", what, " must be contiguous (shape ", str(v.shape()), ", strides ",
+             str(v.strides()), ")");
 }
 
 template <class V, std::size_t R>

@@ -2,16 +2,16 @@
 // Softmax cross-entropy over a vocabulary, averaged over the targets that are not ignored.
 //
 // Forward saves each row's log-sum-exp; backward rebuilds softmax from it (no [rows, vocab]
-// probability buffer is kept): dlogits += (softmax(logits) - onehot(target)) * dloss / count.
+// probability buffer is kept): dlogits += (softmax(logits) - onehot(target)) * dloss / count,
+// or dlogits = ... with accumulate = false (no zero pass over a [rows, vocab] buffer first).
 // Targets equal to `ignore_index` (PyTorch's default -100) contribute nothing; other targets
 // outside [0, vocab) are a loom::error naming the value. With no counted target the loss is
 // 0 and the gradient is 0 (PyTorch returns NaN there).
 
-#include <loom/ops/host/common.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <loom/ops/host/common.hpp>
 
 namespace loom::ops {
 
@@ -36,7 +36,7 @@ inline index_t count_targets(tensor_view<Tgt, host, 1> targets, index_t vocab, s
 
 /// Mean loss; logits: [rows, vocab]; targets: [rows]; lse: [rows] (saved for backward).
 template <compute_type T, class Tgt>
-  requires std::integral<std::remove_const_t<Tgt>>
+requires std::integral<std::remove_const_t<Tgt>>
 inline T cross_entropy_forward(host, in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets,
                                tensor_view<T, host, 1> lse, cross_entropy_options opt = {}) {
   const char* fn = "ops::cross_entropy_forward";
@@ -46,28 +46,32 @@ inline T cross_entropy_forward(host, in_view<T, 2> logits, tensor_view<Tgt, host
   detail::require_shape(lse, extents<1>{n}, fn, "lse");
   LOOM_CHECK(v > 0, fn, ": vocabulary size must be > 0, got vocab=", v);
   const index_t count = detail::count_targets(targets, v, opt.ignore_index, fn);
-  double total = 0;
+  detail::parallel_rows(n, detail::rows_grain(v), [&](index_t r0, index_t r1) {
+    for (index_t r = r0; r < r1; ++r) {
+      const T* x = logits.data() + r * v;
+      T mx = x[0];
+      LOOM_SIMD_MAX(mx)
+      for (index_t j = 1; j < v; ++j) mx = std::max(mx, x[j]);
+      T sum = 0;
+      LOOM_SIMD_SUM(sum)
+      for (index_t j = 0; j < v; ++j) sum += ops::exp(x[j] - mx);
+      lse(r) = mx + std::log(sum);
+    }
+  });
+  double total = 0;  // summed in row order: the same on any number of threads
   for (index_t r = 0; r < n; ++r) {
-    const T* x = logits.data() + r * v;
-    T mx = x[0];
-    LOOM_SIMD_MAX(mx)
-    for (index_t j = 1; j < v; ++j) mx = std::max(mx, x[j]);
-    T sum = 0;
-    LOOM_SIMD_SUM(sum)
-    for (index_t j = 0; j < v; ++j) sum += ops::exp(x[j] - mx);
-    lse(r) = mx + std::log(sum);
     const auto t = static_cast<std::int64_t>(targets(r));
-    if (t != opt.ignore_index) total += double(lse(r) - x[t]);
+    if (t != opt.ignore_index) total += double(lse(r) - logits.data()[r * v + t]);
   }
   return count ? T(total / double(count)) : T(0);
 }
 
-/// dlogits += d(dloss * mean loss)/dlogits; shapes as in forward.
+/// dlogits += d(dloss * mean loss)/dlogits (dlogits = ... when !accumulate); shapes as in forward.
 template <compute_type T, class Tgt>
-  requires std::integral<std::remove_const_t<Tgt>>
-inline void cross_entropy_backward(host, in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets,
-                                   in_view<T, 1> lse, tensor_view<T, host, 2> dlogits, T dloss = T(1),
-                                   cross_entropy_options opt = {}) {
+requires std::integral<std::remove_const_t<Tgt>>
+inline void cross_entropy_backward(host, in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets, in_view<T, 1> lse,
+                                   tensor_view<T, host, 2> dlogits, T dloss = T(1), cross_entropy_options opt = {},
+                                   bool accumulate = true) {
   const char* fn = "ops::cross_entropy_backward";
   const index_t n = logits.extent(0), v = logits.extent(1);
   detail::require_contiguous(logits, fn, "logits"), detail::require_contiguous(dlogits, fn, "dlogits");
@@ -75,18 +79,27 @@ inline void cross_entropy_backward(host, in_view<T, 2> logits, tensor_view<Tgt, 
   detail::require_shape(targets, extents<1>{n}, fn, "targets");
   detail::require_shape(lse, extents<1>{n}, fn, "lse");
   const index_t count = detail::count_targets(targets, v, opt.ignore_index, fn);
-  if (count == 0) return;
-  const T scale = dloss / T(count);
-  for (index_t r = 0; r < n; ++r) {
-    const auto t = static_cast<std::int64_t>(targets(r));
-    if (t == opt.ignore_index) continue;
-    const T* x = logits.data() + r * v;
-    T* g = dlogits.data() + r * v;
-    const T l = lse(r);
-    LOOM_SIMD
-    for (index_t j = 0; j < v; ++j) g[j] += scale * ops::exp(x[j] - l);
-    g[t] -= scale;
-  }
+  const T scale = count ? dloss / T(count) : T(0);
+  detail::parallel_rows(n, detail::rows_grain(v), [&](index_t r0, index_t r1) {
+    for (index_t r = r0; r < r1; ++r) {
+      const auto t = static_cast<std::int64_t>(targets(r));
+      T* g = dlogits.data() + r * v;
+      if (t == opt.ignore_index) {
+        if (!accumulate) std::fill(g, g + v, T(0));
+        continue;
+      }
+      const T* x = logits.data() + r * v;
+      const T l = lse(r);
+      if (accumulate) {
+        LOOM_SIMD
+        for (index_t j = 0; j < v; ++j) g[j] += scale * ops::exp(x[j] - l);
+      } else {
+        LOOM_SIMD
+        for (index_t j = 0; j < v; ++j) g[j] = scale * ops::exp(x[j] - l);
+      }
+      g[t] -= scale;
+    }
+  });
 }
 
 }  // namespace loom::ops

@@ -39,6 +39,34 @@ inline blas_operand blas_layout(const V& v, const char* what) {
 
 }  // namespace detail
 
+/// While alive, OpenBLAS runs each call on one thread (the old count is restored after): for
+/// GEMMs issued from several loom pool threads at once, which would otherwise each try to
+/// use OpenBLAS's whole thread pool. Does nothing when `on` is false, when OpenBLAS already
+/// runs one thread, or with another CBLAS.
+class blas_single_thread_scope {
+ public:
+  explicit blas_single_thread_scope(bool on = true) {
+#if defined(OPENBLAS_VERSION)
+    if (on && openblas_get_num_threads() > 1) {
+      old_ = openblas_get_num_threads();
+      openblas_set_num_threads(1);
+    }
+#else
+    (void)on;
+#endif
+  }
+  ~blas_single_thread_scope() {
+#if defined(OPENBLAS_VERSION)
+    if (old_ > 1) openblas_set_num_threads(old_);
+#endif
+  }
+  blas_single_thread_scope(const blas_single_thread_scope&) = delete;
+  blas_single_thread_scope& operator=(const blas_single_thread_scope&) = delete;
+
+ private:
+  int old_ = 0;
+};
+
 /// C[M, N] = alpha * A[M, K] B[K, N] + beta * C. A and B may be transposed views; C must have
 /// unit stride in its last dimension.
 template <class TA, class TB, compute_type T>

@@ -9,16 +9,15 @@
 // every backward in ops/host: gradients accumulate, callers zero them once). Weights may be
 // stored in 16 bits; statistics and gradients are in the compute type T.
 
-#include <loom/ops/host/common.hpp>
-
 #include <cmath>
+#include <loom/ops/host/common.hpp>
 
 namespace loom::ops {
 
 /// x, y: [rows, dim]; w: [dim]; rstd: [rows] (saved for backward).
 template <compute_type T, param_type P>
-inline void rmsnorm_forward(host, in_view<T, 2> x, tensor_view<P, host, 1> w,
-                            tensor_view<T, host, 2> y, tensor_view<T, host, 1> rstd, T eps) {
+inline void rmsnorm_forward(host, in_view<T, 2> x, tensor_view<P, host, 1> w, tensor_view<T, host, 2> y,
+                            tensor_view<T, host, 1> rstd, T eps) {
   const index_t n = x.extent(0), d = x.extent(1);
   detail::require_contiguous(x, "ops::rmsnorm_forward", "x");
   detail::require_shape(y, x.shape(), "ops::rmsnorm_forward", "y");
@@ -27,23 +26,24 @@ inline void rmsnorm_forward(host, in_view<T, 2> x, tensor_view<P, host, 1> w,
   detail::require_shape(rstd, extents<1>{n}, "ops::rmsnorm_forward", "rstd");
   LOOM_CHECK(eps > T(0), "ops::rmsnorm_forward: eps must be > 0, got eps=", eps);
   const P* wp = w.data();
-  for (index_t r = 0; r < n; ++r) {
-    const T* xr = x.data() + r * d;
-    T* yr = y.data() + r * d;
-    T ss = 0;
-    LOOM_SIMD_SUM(ss)
-    for (index_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
-    const T s = T(1) / std::sqrt(ss / T(d) + eps);
-    rstd(r) = s;
-    LOOM_SIMD
-    for (index_t i = 0; i < d; ++i) yr[i] = xr[i] * s * load<T>(wp[i]);
-  }
+  detail::parallel_rows(n, detail::rows_grain(d), [&](index_t r0, index_t r1) {
+    for (index_t r = r0; r < r1; ++r) {
+      const T* xr = x.data() + r * d;
+      T* yr = y.data() + r * d;
+      T ss = 0;
+      LOOM_SIMD_SUM(ss)
+      for (index_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
+      const T s = T(1) / std::sqrt(ss / T(d) + eps);
+      rstd(r) = s;
+      LOOM_SIMD
+      for (index_t i = 0; i < d; ++i) yr[i] = xr[i] * s * load<T>(wp[i]);
+    }
+  });
 }
 
 /// dx += d/dx, dw += d/dw of rmsnorm; shapes as in forward.
 template <compute_type T, param_type P>
-inline void rmsnorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x,
-                             tensor_view<P, host, 1> w, in_view<T, 1> rstd,
+inline void rmsnorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_view<P, host, 1> w, in_view<T, 1> rstd,
                              tensor_view<T, host, 2> dx, tensor_view<T, host, 1> dw) {
   const index_t n = x.extent(0), d = x.extent(1);
   for (auto* v : {&dy, &x}) detail::require_contiguous(*v, "ops::rmsnorm_backward", "dy/x");
@@ -55,28 +55,38 @@ inline void rmsnorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x,
   detail::require_shape(rstd, extents<1>{n}, "ops::rmsnorm_backward", "rstd");
   const P* wp = w.data();
   T* dwp = dw.data();
-  for (index_t r = 0; r < n; ++r) {
-    const T* xr = x.data() + r * d;
-    const T* dyr = dy.data() + r * d;
-    T* dxr = dx.data() + r * d;
-    const T s = rstd(r);
-    T dot = 0;  // sum_i dy_i w_i x_i
-    LOOM_SIMD_SUM(dot)
-    for (index_t i = 0; i < d; ++i) dot += dyr[i] * load<T>(wp[i]) * xr[i];
-    const T c = dot * s * s * s / T(d);
-    LOOM_SIMD
-    for (index_t i = 0; i < d; ++i) {
-      dxr[i] += dyr[i] * load<T>(wp[i]) * s - xr[i] * c;
-      dwp[i] += dyr[i] * xr[i] * s;
+  // dx: rows in parallel. dw: columns in parallel, each summed over the rows in row order (the
+  // order a single thread uses), so the result does not depend on the thread count.
+  detail::parallel_rows(n, detail::rows_grain(d), [&](index_t r0, index_t r1) {
+    for (index_t r = r0; r < r1; ++r) {
+      const T* xr = x.data() + r * d;
+      const T* dyr = dy.data() + r * d;
+      T* dxr = dx.data() + r * d;
+      const T s = rstd(r);
+      T dot = 0;  // sum_i dy_i w_i x_i
+      LOOM_SIMD_SUM(dot)
+      for (index_t i = 0; i < d; ++i) dot += dyr[i] * load<T>(wp[i]) * xr[i];
+      const T c = dot * s * s * s / T(d);
+      LOOM_SIMD
+      for (index_t i = 0; i < d; ++i) dxr[i] += dyr[i] * load<T>(wp[i]) * s - xr[i] * c;
     }
-  }
+  });
+  detail::parallel_rows(d, std::max<index_t>(16, detail::rows_grain(n)), [&](index_t c0, index_t c1) {
+    for (index_t r = 0; r < n; ++r) {
+      const T* xr = x.data() + r * d;
+      const T* dyr = dy.data() + r * d;
+      const T s = rstd(r);
+      LOOM_SIMD
+      for (index_t i = c0; i < c1; ++i) dwp[i] += dyr[i] * xr[i] * s;
+    }
+  });
 }
 
 /// x, y: [rows, dim]; w, b: [dim]; mean, rstd: [rows] (saved for backward).
 template <compute_type T, param_type P>
-inline void layernorm_forward(host, in_view<T, 2> x, tensor_view<P, host, 1> w,
-                              tensor_view<P, host, 1> b, tensor_view<T, host, 2> y,
-                              tensor_view<T, host, 1> mean, tensor_view<T, host, 1> rstd, T eps) {
+inline void layernorm_forward(host, in_view<T, 2> x, tensor_view<P, host, 1> w, tensor_view<P, host, 1> b,
+                              tensor_view<T, host, 2> y, tensor_view<T, host, 1> mean, tensor_view<T, host, 1> rstd,
+                              T eps) {
   const index_t n = x.extent(0), d = x.extent(1);
   detail::require_contiguous(x, "ops::layernorm_forward", "x");
   detail::require_shape(y, x.shape(), "ops::layernorm_forward", "y");
@@ -107,10 +117,9 @@ inline void layernorm_forward(host, in_view<T, 2> x, tensor_view<P, host, 1> w,
 
 /// dx += d/dx, dw += d/dw, db += d/db of layernorm; shapes as in forward.
 template <compute_type T, param_type P>
-inline void layernorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x,
-                               tensor_view<P, host, 1> w, in_view<T, 1> mean,
-                               in_view<T, 1> rstd, tensor_view<T, host, 2> dx,
-                               tensor_view<T, host, 1> dw, tensor_view<T, host, 1> db) {
+inline void layernorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_view<P, host, 1> w, in_view<T, 1> mean,
+                               in_view<T, 1> rstd, tensor_view<T, host, 2> dx, tensor_view<T, host, 1> dw,
+                               tensor_view<T, host, 1> db) {
   const index_t n = x.extent(0), d = x.extent(1);
   for (auto* v : {&dy, &x}) detail::require_contiguous(*v, "ops::layernorm_backward", "dy/x");
   detail::require_shape(dy, x.shape(), "ops::layernorm_backward", "dy");

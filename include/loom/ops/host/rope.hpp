@@ -9,10 +9,9 @@
 // so the convention is an explicit argument. The cos/sin table is computed once (in double,
 // rounded to T) for all positions; backward is the rotation by the negative angle.
 
-#include <loom/ops/host/common.hpp>
-#include <loom/core/buffer.hpp>
-
 #include <cmath>
+#include <loom/core/buffer.hpp>
+#include <loom/ops/host/common.hpp>
 
 namespace loom::ops {
 
@@ -47,15 +46,16 @@ struct rope_table {
 
 namespace detail {
 template <compute_type T>
-inline void rope_rotate(tensor_view<T, host, 4> x, const rope_table<T>& table, rope_style style, index_t pos0,
-                        T sign, const char* fn) {
+inline void rope_rotate(tensor_view<T, host, 4> x, const rope_table<T>& table, rope_style style, index_t pos0, T sign,
+                        const char* fn) {
   const index_t b = x.extent(0), s = x.extent(1), h = x.extent(2), hd = x.extent(3), half = hd / 2;
   require_contiguous(x, fn, "x");
   LOOM_CHECK(hd == table.head_dim, fn, ": head_dim of x (", hd, ") differs from the table's (", table.head_dim, ")");
   LOOM_CHECK(pos0 >= 0 && pos0 + s <= table.max_seq, fn, ": positions [", pos0, ", ", pos0 + s,
              ") exceed the table's max_seq=", table.max_seq);
-  for (index_t bi = 0; bi < b; ++bi)
-    for (index_t t = 0; t < s; ++t) {
+  detail::parallel_rows(b * s, rows_grain(h * hd), [&](index_t row0, index_t row1) {
+    for (index_t row = row0; row < row1; ++row) {
+      const index_t bi = row / s, t = row % s;
       const T* c = table.cos.data() + (pos0 + t) * half;
       const T* sn = table.sin.data() + (pos0 + t) * half;
       for (index_t hi = 0; hi < h; ++hi) {
@@ -77,6 +77,7 @@ inline void rope_rotate(tensor_view<T, host, 4> x, const rope_table<T>& table, r
         }
       }
     }
+  });
 }
 }  // namespace detail
 

@@ -27,6 +27,26 @@ inline void softmax_row(const T* x, T* y, index_t n) {
   LOOM_SIMD
   for (index_t i = 0; i < n; ++i) y[i] *= inv;
 }
+/// In place over a row of `width` entries: softmax of the first `n` (1 <= n <= width), zeros
+/// after them. Every loop runs over the whole width with a select instead of stopping at n,
+/// so a row whose width is a multiple of the vector length has no scalar remainder (the
+/// causal rows of an attention tile have every length from 1 up; their tile width does not).
+template <compute_type T>
+inline void softmax_row_prefix(T* x, index_t n, index_t width) {
+  T mx = x[0];
+  LOOM_SIMD_MAX(mx)
+  for (index_t i = 0; i < width; ++i) mx = std::max(mx, i < n ? x[i] : x[0]);
+  T sum = 0;
+  LOOM_SIMD_SUM(sum)
+  for (index_t i = 0; i < width; ++i) {
+    const T e = i < n ? ops::exp(x[i] - mx) : T(0);
+    x[i] = e;
+    sum += e;
+  }
+  const T inv = T(1) / sum;
+  LOOM_SIMD
+  for (index_t i = 0; i < width; ++i) x[i] *= inv;
+}
 /// dx[0..n) += y * (dy - <dy, y>)
 template <compute_type T>
 inline void softmax_row_backward(const T* y, const T* dy, T* dx, index_t n) {

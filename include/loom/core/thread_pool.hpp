@@ -1,0 +1,188 @@
+#pragma once
+// A small fork-join pool for loom's own host kernels (attention heads, row-wise norms,
+// elementwise activations): `parallel_for(n, grain, fn)` splits [0, n) into contiguous parts,
+// one per participant (the caller is one of them), and returns when all parts are done.
+//
+// Why this shape:
+// - Static contiguous parts, not work stealing: part p of a given n and pool size is always
+//   the same range, so a kernel whose parts write disjoint outputs gives bit-identical results
+//   run to run (resume tests and rank-vs-single-rank comparisons rely on that).
+// - Idle workers block on a condition variable; they never spin. OpenBLAS's own threads share
+//   the same cores between our calls, and ranks may outnumber cores (thread_comm tests run 8
+//   ranks on 2 cores).
+// - A call that finds the pool busy (another rank thread is using it) or that comes from
+//   inside a part runs serially in the caller: never a deadlock, never oversubscription
+//   beyond one pool's worth of threads.
+// - The first exception thrown by a part is rethrown in the caller after every part ended.
+//
+// Size of the process-wide pool, `host_pool()`: LOOM_NUM_THREADS, else OPENBLAS_NUM_THREADS,
+// else OMP_NUM_THREADS, else std::thread::hardware_concurrency(); a value that is not a
+// positive integer is a loom::error naming it.
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <loom/core/error.hpp>
+#include <loom/core/tensor_view.hpp>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace loom {
+
+class thread_pool {
+ public:
+  /// `threads` participants: the caller plus threads - 1 workers (threads >= 1).
+  explicit thread_pool(int threads) {
+    LOOM_CHECK(threads >= 1, "thread_pool: threads must be >= 1, got threads=", threads);
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work(i); });
+  }
+  ~thread_pool() {
+    {
+      std::lock_guard lk(m_);
+      stop_ = true;
+    }
+    cv_work_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  thread_pool(const thread_pool&) = delete;
+  thread_pool& operator=(const thread_pool&) = delete;
+
+  int size() const noexcept { return static_cast<int>(workers_.size()) + 1; }
+
+  /// How many parts parallel_for(n, grain, ...) uses: at most size(), each at least `grain`
+  /// items (grain >= 1), at least one.
+  int parts(index_t n, index_t grain = 1) const noexcept {
+    const index_t by_grain = n / std::max<index_t>(grain, 1);
+    return static_cast<int>(std::clamp<index_t>(by_grain, 1, size()));
+  }
+
+  /// Calls fn(part, begin, end) for the parts of [0, n): part p covers
+  /// [p * n / parts, (p + 1) * n / parts). Blocks until every part returned.
+  template <class F>
+  void parallel_for(index_t n, index_t grain, F&& fn) {
+    if (n <= 0) return;
+    const int np = parts(n, grain);
+    std::unique_lock busy(busy_, std::try_to_lock);
+    if (np == 1 || !busy.owns_lock() || in_part()) {
+      fn(0, index_t(0), n);
+      return;
+    }
+    auto call = [](void* ctx, int p, index_t b, index_t e) {
+      (*static_cast<std::remove_reference_t<F>*>(ctx))(p, b, e);
+    };
+    {
+      std::lock_guard lk(m_);
+      job_ = {&fn, call, n, np};
+      pending_ = np - 1;
+      error_ = nullptr;
+      ++generation_;
+    }
+    cv_work_.notify_all();
+    run_part(0);
+    std::unique_lock lk(m_);
+    cv_done_.wait(lk, [&] { return pending_ == 0; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  struct job {
+    void* ctx = nullptr;
+    void (*call)(void*, int, index_t, index_t) = nullptr;
+    index_t n = 0;
+    int parts = 0;
+  };
+
+  static bool& in_part() {
+    thread_local bool inside = false;
+    return inside;
+  }
+
+  void run_part(int p) {
+    const index_t b = job_.n * p / job_.parts, e = job_.n * (p + 1) / job_.parts;
+    in_part() = true;
+    try {
+      job_.call(job_.ctx, p, b, e);
+    } catch (...) {
+      std::lock_guard lk(m_);
+      if (!error_) error_ = std::current_exception();
+    }
+    in_part() = false;
+  }
+
+  void work(int id) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock lk(m_);
+        cv_work_.wait(lk, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        if (id >= job_.parts) continue;  // this job has fewer parts than workers
+      }
+      run_part(id);
+      std::lock_guard lk(m_);
+      if (--pending_ == 0) cv_done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex busy_;  // held by the caller of a parallel_for for its duration
+  std::mutex m_;
+  std::condition_variable cv_work_, cv_done_;
+  job job_{};
+  int pending_ = 0;
+  std::uint64_t generation_ = 0;
+  std::exception_ptr error_;
+  bool stop_ = false;
+};
+
+namespace detail {
+/// The pool size the environment asks for (see the header comment).
+inline int host_pool_threads() {
+  for (const char* var : {"LOOM_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    const char* v = std::getenv(var);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    LOOM_CHECK(*end == '\0' && n >= 1 && n <= 4096, "host_pool: ", var, "='", v, "' is not a thread count (1..4096)");
+    return static_cast<int>(n);
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+}  // namespace detail
+
+namespace detail {
+inline thread_pool*& host_pool_override() noexcept {
+  static thread_pool* p = nullptr;
+  return p;
+}
+}  // namespace detail
+
+/// The pool of loom's host kernels: the one a host_pool_scope installed, else the
+/// process-wide pool sized from the environment, made on first use.
+inline thread_pool& host_pool() {
+  if (thread_pool* p = detail::host_pool_override()) return *p;
+  static thread_pool pool(detail::host_pool_threads());
+  return pool;
+}
+
+/// While alive, host_pool() is `pool` (process-wide; scopes nest). For a program that sizes
+/// its pool from its own option (e.g. --threads), and for tests comparing thread counts.
+/// Make and end scopes while no kernel runs.
+class host_pool_scope {
+ public:
+  explicit host_pool_scope(thread_pool& pool) noexcept : old_(std::exchange(detail::host_pool_override(), &pool)) {}
+  ~host_pool_scope() { detail::host_pool_override() = old_; }
+  host_pool_scope(const host_pool_scope&) = delete;
+  host_pool_scope& operator=(const host_pool_scope&) = delete;
+
+ private:
+  thread_pool* old_;
+};
+
+}  // namespace loom
