@@ -3,6 +3,7 @@
 // "flag --x needs a number, got 'abc'" followed by the program's usage, never as a bare
 // std::stoi exception.
 
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -22,6 +23,25 @@ T number(const std::string& flag, const std::string& v) {
   is >> x;
   if (!is || !is.eof()) throw bad_args("flag " + flag + " needs a number, got '" + v + "'");
   return x;
+}
+
+/// The argument loop every example shares. Calls on(flag, value) for each argument in turn;
+/// value() consumes and returns the next argument (bad_args "flag --x needs a value" when
+/// there is none). `on` returns false for an argument it does not take: bad_args "unknown
+/// argument '--x'". Returns false, having called nothing more, at --help or -h (the caller
+/// prints its usage and exits 0).
+template <class On>
+bool parse(int argc, char** argv, On&& on) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") return false;
+    std::function<std::string()> value = [&]() -> std::string {
+      if (i + 1 >= argc) throw bad_args("flag " + a + " needs a value");
+      return argv[++i];
+    };
+    if (!on(a, value)) throw bad_args("unknown argument '" + a + "'");
+  }
+  return true;
 }
 
 }  // namespace examples::cli

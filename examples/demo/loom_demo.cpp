@@ -58,23 +58,21 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int main(int argc, char** argv) {
   options o;
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto value = [&]() -> std::string {
-        LOOM_CHECK(i + 1 < argc, "flag ", a, " needs a value");
-        return argv[++i];
-      };
-      if (a == "--help" || a == "-h") {
-        std::fputs(usage, stdout);
-        return 0;
-      } else if (a == "--steps") o.steps = examples::cli::number<int>(a, value());
-      else if (a == "--dp") o.mesh.dp = examples::cli::number<int>(a, value());
-      else if (a == "--tp") o.mesh.tp = examples::cli::number<int>(a, value());
-      else if (a == "--pp") o.mesh.pp = examples::cli::number<int>(a, value());
-      else if (a == "--zero") o.zero = examples::cli::number<int>(a, value());
+    using examples::cli::number;
+    const bool run = examples::cli::parse(argc, argv, [&](const std::string& a, const auto& value) {
+      if (a == "--steps") o.steps = number<int>(a, value());
+      else if (a == "--dp") o.mesh.dp = number<int>(a, value());
+      else if (a == "--tp") o.mesh.tp = number<int>(a, value());
+      else if (a == "--pp") o.mesh.pp = number<int>(a, value());
+      else if (a == "--zero") o.zero = number<int>(a, value());
       else if (a == "--out") o.out = value();
-      else if (a == "--max-new") o.max_new = examples::cli::number<int>(a, value());
-      else LOOM_THROW("unknown flag '", a, "'");
+      else if (a == "--max-new") o.max_new = number<int>(a, value());
+      else return false;
+      return true;
+    });
+    if (!run) {
+      std::fputs(usage, stdout);
+      return 0;
     }
     LOOM_CHECK(o.steps >= 1, "--steps must be >= 1, got ", o.steps);
     LOOM_CHECK(o.mesh.dp >= 1 && o.mesh.tp >= 1 && o.mesh.pp >= 1 && o.mesh.size() <= 64, "mesh dp=", o.mesh.dp,

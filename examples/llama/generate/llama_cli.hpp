@@ -6,6 +6,8 @@
 #include "llama_engine.hpp"
 #include "llama_loader.hpp"
 
+#include <common/cli.hpp>
+
 #include <functional>
 #include <string>
 
@@ -20,9 +22,9 @@ struct model_args {
     if (a == "--checkpoint") checkpoint = next();
     else if (a == "--random") random = true;
     else if (a == "--tokenizer") tokenizer = next();
-    else if (a == "--blocks") ec.num_blocks = std::stoi(next());
-    else if (a == "--block-size") ec.block_size = std::stoi(next());
-    else if (a == "--budget") ec.scheduler.max_num_batched_tokens = std::stoi(next());
+    else if (a == "--blocks") ec.num_blocks = examples::cli::number<int>(a, next());
+    else if (a == "--block-size") ec.block_size = examples::cli::number<int>(a, next());
+    else if (a == "--budget") ec.scheduler.max_num_batched_tokens = examples::cli::number<int>(a, next());
     else return false;
     return true;
   }

@@ -47,29 +47,28 @@ int main(int argc, char** argv) {
   int max_new = 64;
   llama::engine_config ec;
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto next = [&]() -> std::string {
-        LOOM_CHECK(i + 1 < argc, "option ", a, " needs a value");
-        return argv[++i];
-      };
-      if (a == "--help" || a == "-h") {
-        std::fputs(usage, stdout);
-        return 0;
-      } else if (model.parse(a, next, ec)) continue;
-      else if (a == "--prompt") prompts.push_back(next());
+    using examples::cli::number;
+    const bool run = examples::cli::parse(argc, argv, [&](const std::string& a, const auto& next) {
+      if (model.parse(a, next, ec)) return true;
+      if (a == "--prompt") prompts.push_back(next());
       else if (a == "--prompt-file") {
-        std::ifstream f(next());
-        LOOM_CHECK(f.good(), "cannot open the prompt file");
+        const std::string path = next();
+        std::ifstream f(path);
+        LOOM_CHECK(f.good(), "cannot open the prompt file '", path, "'");
         for (std::string line; std::getline(f, line);)
           if (!line.empty()) prompts.push_back(line);
-      } else if (a == "--max-new") max_new = std::stoi(next());
-      else if (a == "--temperature") sp.temperature = std::stof(next());
-      else if (a == "--top-k") sp.top_k = std::stoi(next());
-      else if (a == "--top-p") sp.top_p = std::stof(next());
-      else if (a == "--repetition-penalty") sp.repetition_penalty = std::stof(next());
-      else if (a == "--seed") sp.seed = std::stoull(next());
-      else LOOM_THROW("unknown argument '", a, "'");
+      } else if (a == "--max-new") max_new = number<int>(a, next());
+      else if (a == "--temperature") sp.temperature = number<float>(a, next());
+      else if (a == "--top-k") sp.top_k = number<int>(a, next());
+      else if (a == "--top-p") sp.top_p = number<float>(a, next());
+      else if (a == "--repetition-penalty") sp.repetition_penalty = number<float>(a, next());
+      else if (a == "--seed") sp.seed = number<std::uint64_t>(a, next());
+      else return false;
+      return true;
+    });
+    if (!run) {
+      std::fputs(usage, stdout);
+      return 0;
     }
     model.validate();
   } catch (const std::exception& e) {

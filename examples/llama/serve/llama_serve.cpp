@@ -28,21 +28,19 @@ int main(int argc, char** argv) {
   ec.scheduler.max_num_seqs = 64;
   llama::server_options opt;
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto next = [&]() -> std::string {
-        LOOM_CHECK(i + 1 < argc, "option ", a, " needs a value");
-        return argv[++i];
-      };
-      if (a == "--help" || a == "-h") {
-        std::fputs(usage, stdout);
-        return 0;
-      } else if (model.parse(a, next, ec)) continue;
-      else if (a == "--host") host = next();
-      else if (a == "--port") port = std::stoi(next());
-      else if (a == "--max-seqs") ec.scheduler.max_num_seqs = std::stoi(next());
+    using examples::cli::number;
+    const bool run = examples::cli::parse(argc, argv, [&](const std::string& a, const auto& next) {
+      if (model.parse(a, next, ec)) return true;
+      if (a == "--host") host = next();
+      else if (a == "--port") port = number<int>(a, next());
+      else if (a == "--max-seqs") ec.scheduler.max_num_seqs = number<int>(a, next());
       else if (a == "--model-name") opt.model_name = next();
-      else LOOM_THROW("unknown argument '", a, "'");
+      else return false;
+      return true;
+    });
+    if (!run) {
+      std::fputs(usage, stdout);
+      return 0;
     }
     model.validate();
   } catch (const std::exception& e) {

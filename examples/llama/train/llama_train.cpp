@@ -31,16 +31,8 @@ using examples::cli::number;
 llama_train::options parse(int argc, char** argv) {
   llama_train::options o;
   bool hidden_given = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw bad_args("flag " + a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(usage, stdout);
-      std::exit(0);
-    } else if (a == "--config") o.config_path = value();
+  const bool run = examples::cli::parse(argc, argv, [&](const std::string& a, const auto& value) {
+    if (a == "--config") o.config_path = value();
     else if (a == "--allow-unknown") o.allow_unknown = true;
     else if (a == "--data") {
       std::stringstream ss(value());
@@ -72,7 +64,12 @@ llama_train::options parse(int argc, char** argv) {
     else if (a == "--grad-accum") o.grad_accum = number<std::int64_t>(a, value());
     else if (a == "--print-every") o.print_every = number<std::int64_t>(a, value());
     else if (a == "--ranks") o.ranks = number<int>(a, value());
-    else throw bad_args("unknown argument '" + a + "'");
+    else return false;
+    return true;
+  });
+  if (!run) {
+    std::fputs(usage, stdout);
+    std::exit(0);
   }
   if (!hidden_given) o.model.hidden_dim = llama::config::default_hidden_dim(o.model.dim);
   if (o.data.empty() && std::string(LLAMA_DEFAULT_DATA).size()) o.data.push_back(LLAMA_DEFAULT_DATA);

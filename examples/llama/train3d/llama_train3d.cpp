@@ -56,14 +56,8 @@ program_options parse(int argc, char** argv) {
   o.train.zero_stage = 3;
   o.train.adamw.lr = 3e-3f;
   o.train.gradient_clipping = 1.f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw bad_args("flag " + a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") o.help = true;
-    else if (a == "--dp") o.train.mesh.dp = number<int>(a, value());
+  o.help = !examples::cli::parse(argc, argv, [&](const std::string& a, const auto& value) {
+    if (a == "--dp") o.train.mesh.dp = number<int>(a, value());
     else if (a == "--tp") o.train.mesh.tp = number<int>(a, value());
     else if (a == "--pp") o.train.mesh.pp = number<int>(a, value());
     else if (a == "--schedule") o.train.schedule = value();
@@ -85,8 +79,9 @@ program_options parse(int argc, char** argv) {
     else if (a == "--clip") o.train.gradient_clipping = number<float>(a, value());
     else if (a == "--seed") o.train.seed = number<std::uint64_t>(a, value());
     else if (a == "--print-every") o.print_every = number<int>(a, value());
-    else throw bad_args("unknown flag '" + a + "'");
-  }
+    else return false;
+    return true;
+  });
   o.cfg.seq_len = std::max(o.cfg.seq_len, o.train.seq);
   return o;
 }
