@@ -3,7 +3,9 @@
 // "flag --x needs a number, got 'abc'" followed by the program's usage, never as a bare
 // std::stoi exception.
 
+#include <cstdio>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -42,6 +44,25 @@ bool parse(int argc, char** argv, On&& on) {
     if (!on(a, value)) throw bad_args("unknown argument '" + a + "'");
   }
   return true;
+}
+
+/// The whole command-line step of a program's main: parse() with `on`, then `check()` (checks
+/// across flags). Returns the code to leave main with, or nothing to go on: 0 after printing
+/// `usage` to stdout for --help; 2 after printing "<prog>: <message>" and `usage` to stderr
+/// when `on` or `check` throws (bad_args, loom::error, any std::exception).
+template <class On, class Check>
+std::optional<int> command_line(int argc, char** argv, const char* prog, const char* usage, On&& on, Check&& check) {
+  try {
+    if (!parse(argc, argv, on)) {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+    check();
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n%s", prog, e.what(), usage);
+    return 2;
+  }
 }
 
 }  // namespace examples::cli

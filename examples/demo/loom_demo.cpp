@@ -57,31 +57,25 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int main(int argc, char** argv) {
   options o;
-  try {
-    using examples::cli::number;
-    const bool run = examples::cli::parse(argc, argv, [&](const std::string& a, const auto& value) {
-      if (a == "--steps") o.steps = number<int>(a, value());
-      else if (a == "--dp") o.mesh.dp = number<int>(a, value());
-      else if (a == "--tp") o.mesh.tp = number<int>(a, value());
-      else if (a == "--pp") o.mesh.pp = number<int>(a, value());
-      else if (a == "--zero") o.zero = number<int>(a, value());
-      else if (a == "--out") o.out = value();
-      else if (a == "--max-new") o.max_new = number<int>(a, value());
-      else return false;
-      return true;
-    });
-    if (!run) {
-      std::fputs(usage, stdout);
-      return 0;
-    }
+  using examples::cli::number;
+  auto on = [&](const std::string& a, const auto& value) {
+    if (a == "--steps") o.steps = number<int>(a, value());
+    else if (a == "--dp") o.mesh.dp = number<int>(a, value());
+    else if (a == "--tp") o.mesh.tp = number<int>(a, value());
+    else if (a == "--pp") o.mesh.pp = number<int>(a, value());
+    else if (a == "--zero") o.zero = number<int>(a, value());
+    else if (a == "--out") o.out = value();
+    else if (a == "--max-new") o.max_new = number<int>(a, value());
+    else return false;
+    return true;
+  };
+  const auto check = [&] {
     LOOM_CHECK(o.steps >= 1, "--steps must be >= 1, got ", o.steps);
     LOOM_CHECK(o.mesh.dp >= 1 && o.mesh.tp >= 1 && o.mesh.pp >= 1 && o.mesh.size() <= 64, "mesh dp=", o.mesh.dp,
                " tp=", o.mesh.tp, " pp=", o.mesh.pp, " must have 1..64 ranks");
     LOOM_CHECK(o.max_new >= 1, "--max-new must be >= 1, got ", o.max_new);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "loom-demo: %s\n%s", e.what(), usage);
-    return 2;
-  }
+  };
+  if (const auto rc = examples::cli::command_line(argc, argv, "loom-demo", usage, on, check)) return *rc;
 
   try {
     namespace fs = std::filesystem;

@@ -46,35 +46,27 @@ int main(int argc, char** argv) {
   loom::kv::sampling_params sp;
   int max_new = 64;
   llama::engine_config ec;
-  try {
-    using examples::cli::number;
-    const bool run = examples::cli::parse(argc, argv, [&](const std::string& a, const auto& next) {
-      if (model.parse(a, next, ec)) return true;
-      if (a == "--prompt") prompts.push_back(next());
-      else if (a == "--prompt-file") {
-        const std::string path = next();
-        std::ifstream f(path);
-        LOOM_CHECK(f.good(), "cannot open the prompt file '", path, "'");
-        for (std::string line; std::getline(f, line);)
-          if (!line.empty()) prompts.push_back(line);
-      } else if (a == "--max-new") max_new = number<int>(a, next());
-      else if (a == "--temperature") sp.temperature = number<float>(a, next());
-      else if (a == "--top-k") sp.top_k = number<int>(a, next());
-      else if (a == "--top-p") sp.top_p = number<float>(a, next());
-      else if (a == "--repetition-penalty") sp.repetition_penalty = number<float>(a, next());
-      else if (a == "--seed") sp.seed = number<std::uint64_t>(a, next());
-      else return false;
-      return true;
-    });
-    if (!run) {
-      std::fputs(usage, stdout);
-      return 0;
-    }
-    model.validate();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "llama-generate: %s\n%s", e.what(), usage);
-    return 2;
-  }
+  using examples::cli::number;
+  auto on = [&](const std::string& a, const auto& next) {
+    if (model.parse(a, next, ec)) return true;
+    if (a == "--prompt") prompts.push_back(next());
+    else if (a == "--prompt-file") {
+      const std::string path = next();
+      std::ifstream f(path);
+      LOOM_CHECK(f.good(), "cannot open the prompt file '", path, "'");
+      for (std::string line; std::getline(f, line);)
+        if (!line.empty()) prompts.push_back(line);
+    } else if (a == "--max-new") max_new = number<int>(a, next());
+    else if (a == "--temperature") sp.temperature = number<float>(a, next());
+    else if (a == "--top-k") sp.top_k = number<int>(a, next());
+    else if (a == "--top-p") sp.top_p = number<float>(a, next());
+    else if (a == "--repetition-penalty") sp.repetition_penalty = number<float>(a, next());
+    else if (a == "--seed") sp.seed = number<std::uint64_t>(a, next());
+    else return false;
+    return true;
+  };
+  const auto check = [&] { model.validate(); };
+  if (const auto rc = examples::cli::command_line(argc, argv, "llama-generate", usage, on, check)) return *rc;
   try {
     const llama::llama_weights w = model.load(random_config());
     std::optional<loom::io::llama2c_tokenizer> tok;

@@ -27,26 +27,18 @@ int main(int argc, char** argv) {
   ec.num_blocks = 1024;
   ec.scheduler.max_num_seqs = 64;
   llama::server_options opt;
-  try {
-    using examples::cli::number;
-    const bool run = examples::cli::parse(argc, argv, [&](const std::string& a, const auto& next) {
-      if (model.parse(a, next, ec)) return true;
-      if (a == "--host") host = next();
-      else if (a == "--port") port = number<int>(a, next());
-      else if (a == "--max-seqs") ec.scheduler.max_num_seqs = number<int>(a, next());
-      else if (a == "--model-name") opt.model_name = next();
-      else return false;
-      return true;
-    });
-    if (!run) {
-      std::fputs(usage, stdout);
-      return 0;
-    }
-    model.validate();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "llama-serve: %s\n%s", e.what(), usage);
-    return 2;
-  }
+  using examples::cli::number;
+  auto on = [&](const std::string& a, const auto& next) {
+    if (model.parse(a, next, ec)) return true;
+    if (a == "--host") host = next();
+    else if (a == "--port") port = number<int>(a, next());
+    else if (a == "--max-seqs") ec.scheduler.max_num_seqs = number<int>(a, next());
+    else if (a == "--model-name") opt.model_name = next();
+    else return false;
+    return true;
+  };
+  const auto check = [&] { model.validate(); };
+  if (const auto rc = examples::cli::command_line(argc, argv, "llama-serve", usage, on, check)) return *rc;
   try {
     llama::llama_config rc;
     rc.vocab_size = 259;  // byte-level ids for --random
