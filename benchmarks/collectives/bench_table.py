@@ -5,7 +5,7 @@ Usage: python3 benchmarks/collectives/bench_table.py A.json B.json [--min-ratio-
 
 Prints one row per (collective, size) with each run's loom busbw, baseline busbw and ratio
 (the file's "ratio": the median over rounds of the paired per-round loom/baseline ratio),
-then a summary of the ratios at sizes >= --min-ratio-bytes.
+then, for a raw-MPI baseline, a summary of the ratios at sizes >= --min-ratio-bytes.
 """
 import argparse
 import json
@@ -45,7 +45,7 @@ def main():
             if key[1] >= a.min_ratio_bytes:
                 ratios.append(row["ratio"])
         print("| " + " | ".join(cells) + " |")
-    if ratios:
+    if ratios and base == "raw MPI":  # the 0.95 goal is against raw MPI; memcpy is a bound, not a goal
         print("\nAt >= %s: %d of %d rows >= 0.95; median %.2f, range %.2f-%.2f." % (
             size_name(a.min_ratio_bytes), sum(r >= 0.95 for r in ratios), len(ratios), statistics.median(ratios),
             min(ratios), max(ratios)))
