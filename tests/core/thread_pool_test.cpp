@@ -129,3 +129,13 @@ TEST_CASE("pool sizes: bad thread counts are loom::errors naming the value") {
   ::setenv("OPENBLAS_NUM_THREADS", "2", 1);
   CHECK(loom::detail::host_pool_threads() == 2);
 }
+
+TEST_CASE("parallel_for takes a const callable") {
+  loom::thread_pool pool(2);
+  std::vector<std::atomic<int>> seen(10);
+  const auto mark = [&](int, index_t b, index_t e) {
+    for (index_t i = b; i < e; ++i) ++seen[static_cast<std::size_t>(i)];
+  };
+  pool.parallel_for(10, 1, mark);
+  for (auto& s : seen) CHECK(s == 1);
+}

@@ -77,7 +77,7 @@ class thread_pool {
     };
     {
       std::lock_guard lk(m_);
-      job_ = {&fn, call, n, np};
+      job_ = {const_cast<void*>(static_cast<const void*>(&fn)), call, n, np};
       pending_ = np - 1;
       error_ = nullptr;
       ++generation_;
