@@ -1,12 +1,16 @@
 // The reference LLaMA beyond PyTorch parity: finite-difference gradients of the whole model
 // in double (a few elements of every parameter), checkpointing gives the same gradients,
 // 16-bit parameter storage computes like rounded fp32 weights, init is a function of
-// (seed, element), gradients accumulate, and bad configs and tokens are loom::errors.
+// (seed, element), gradients accumulate, a step is bit-identical on 1 and 3 host threads, and
+// bad configs and tokens are loom::errors.
 #include <doctest/doctest.h>
 #include <llama/model/llama.hpp>
 
+#include <loom/core/thread_pool.hpp>
+
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using loom::index_t;
@@ -88,6 +92,30 @@ TEST_CASE("activation checkpointing gives bit-identical loss and gradients") {
   CHECK(a.forward(data.tok(), data.tgt()) == b.forward(data.tok(), data.tgt()));
   a.backward(), b.backward();
   CHECK(std::equal(a.grads().begin(), a.grads().end(), b.grads().begin()));
+}
+
+TEST_CASE("a training step gives bit-identical loss, logits and gradients on 1 and 3 pool threads") {
+  // Large enough that attention (batch x kv heads = 8 pairs), SwiGLU and cross-entropy split
+  // into 3 parts on the 3-thread pool, and the norms, rotary and residual adds into 2.
+  llama::config c{.dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .hidden_dim = 96, .vocab = 512, .seq_len = 256};
+  batch_data data(4, 256, c.vocab, 9);
+  auto step = [&](loom::thread_pool& pool) {
+    loom::host_pool_scope scope(pool);
+    llama::model<float> m(c);
+    m.init(13);
+    m.zero_grad();
+    const float loss = m.forward(data.tok(), data.tgt());
+    m.backward();
+    const auto logits = m.logits();
+    return std::tuple{loss, std::vector<float>(logits.data(), logits.data() + logits.numel()),
+                      std::vector<float>(m.grads().begin(), m.grads().end())};
+  };
+  loom::thread_pool one(1), three(3);
+  const auto [loss1, logits1, grads1] = step(one);
+  const auto [loss3, logits3, grads3] = step(three);
+  CHECK(loss1 == loss3);
+  CHECK(logits1 == logits3);
+  CHECK(grads1 == grads3);
 }
 
 TEST_CASE("bfloat16 and half parameters compute like fp32 copies of the rounded weights") {
