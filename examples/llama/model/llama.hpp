@@ -316,7 +316,7 @@ class model {
   }
 
   static void add(T* LOOM_RESTRICT y, const T* LOOM_RESTRICT x, index_t n) {
-    loom::ops::detail::parallel_rows(n, 32768, [&](index_t i0, index_t i1) {
+    loom::ops::detail::parallel_rows(n, loom::ops::detail::min_part_elements, [&](index_t i0, index_t i1) {
       LOOM_SIMD
       for (index_t i = i0; i < i1; ++i) y[i] += x[i];
     });

@@ -19,16 +19,18 @@
 // else OMP_NUM_THREADS, else std::thread::hardware_concurrency(); a value that is not a
 // positive integer is a loom::error naming it.
 
+#include <loom/core/error.hpp>
+#include <loom/core/tensor_view.hpp>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
-#include <loom/core/error.hpp>
-#include <loom/core/tensor_view.hpp>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 

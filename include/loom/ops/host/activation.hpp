@@ -7,8 +7,9 @@
 // Inputs are 1-D contiguous views (any activation flattened); backward adds into the input
 // gradients. Loops are plain so the compiler vectorises them.
 
-#include <cmath>
 #include <loom/ops/host/common.hpp>
+
+#include <cmath>
 
 namespace loom::ops {
 
@@ -21,7 +22,7 @@ inline void swiglu_forward(host, in_view<T, 1> a, in_view<T, 1> b, tensor_view<T
   detail::require_same_length("ops::swiglu_forward", n, a, b, out);
   const T *ap = a.data(), *bp = b.data();
   T* op = out.data();
-  detail::parallel_rows(n, 32768, [&](index_t i0, index_t i1) {
+  detail::parallel_rows(n, detail::min_part_elements, [&](index_t i0, index_t i1) {
     LOOM_SIMD
     for (index_t i = i0; i < i1; ++i) op[i] = ap[i] / (T(1) + ops::exp(-ap[i])) * bp[i];
   });
@@ -35,7 +36,7 @@ inline void swiglu_backward(host, in_view<T, 1> dout, in_view<T, 1> a, in_view<T
   detail::require_same_length("ops::swiglu_backward", n, dout, a, b, da, db);
   const T *dp = dout.data(), *ap = a.data(), *bp = b.data();
   T *dap = da.data(), *dbp = db.data();
-  detail::parallel_rows(n, 32768, [&](index_t i0, index_t i1) {
+  detail::parallel_rows(n, detail::min_part_elements, [&](index_t i0, index_t i1) {
     if (accumulate) {
       LOOM_SIMD
       for (index_t i = i0; i < i1; ++i) {

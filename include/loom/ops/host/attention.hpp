@@ -20,12 +20,13 @@
 // positions attend to each other in both directions, later ones causally to everything
 // before them.
 
-#include <algorithm>
-#include <cmath>
 #include <loom/core/thread_pool.hpp>
 #include <loom/ops/host/common.hpp>
 #include <loom/ops/host/gemm.hpp>
 #include <loom/ops/host/softmax.hpp>
+
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace loom::ops {

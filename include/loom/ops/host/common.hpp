@@ -10,16 +10,17 @@
 // host_pool() with parallel_rows (contiguous parts, each row computed exactly as on one
 // thread, so results do not depend on the thread count).
 
-#include <algorithm>
-#include <bit>
-#include <cmath>
-#include <concepts>
-#include <cstdint>
 #include <loom/core/device.hpp>
 #include <loom/core/dtype.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/tensor_view.hpp>
 #include <loom/core/thread_pool.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -80,10 +81,12 @@ LOOM_FORCE_INLINE T exp(T x) noexcept {
 
 namespace detail {
 
-/// Rows per part so that a part has at least ~32K elements of work: below that the pool's
-/// wake-up (a few microseconds) costs more than it saves.
+/// Elements of work a pool part gets at least: below that the pool's wake-up (a few
+/// microseconds) costs more than it saves. The grain of a flat elementwise loop.
+inline constexpr index_t min_part_elements = 32768;
+/// Rows per part for rows of `row_elems` elements (at least min_part_elements per part).
 inline index_t rows_grain(index_t row_elems) {
-  return std::max<index_t>(1, index_t(32768) / std::max<index_t>(row_elems, 1));
+  return std::max<index_t>(1, min_part_elements / std::max<index_t>(row_elems, 1));
 }
 
 /// fn(begin, end) over the rows [0, n) on host_pool(), parts of at least `grain` rows.

@@ -8,10 +8,11 @@
 // outside [0, vocab) are a loom::error naming the value. With no counted target the loss is
 // 0 and the gradient is 0 (PyTorch returns NaN there).
 
+#include <loom/ops/host/common.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <loom/ops/host/common.hpp>
 
 namespace loom::ops {
 

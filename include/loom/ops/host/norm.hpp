@@ -9,8 +9,9 @@
 // every backward in ops/host: gradients accumulate, callers zero them once). Weights may be
 // stored in 16 bits; statistics and gradients are in the compute type T.
 
-#include <cmath>
 #include <loom/ops/host/common.hpp>
+
+#include <cmath>
 
 namespace loom::ops {
 

@@ -9,9 +9,10 @@
 // so the convention is an explicit argument. The cos/sin table is computed once (in double,
 // rounded to T) for all positions; backward is the rotation by the negative angle.
 
-#include <cmath>
 #include <loom/core/buffer.hpp>
 #include <loom/ops/host/common.hpp>
+
+#include <cmath>
 
 namespace loom::ops {
 
