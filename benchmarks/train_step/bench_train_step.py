@@ -120,13 +120,13 @@ def torch_worker(a):
 
 
 # Each side runs with the setting that suits it best on a shared core (measured on the 2-core
-# development machine; both matter only above 1 thread):
-# - loom: OpenBLAS's idle workers sleep at once (OPENBLAS_THREAD_TIMEOUT=4) instead of
-#   spinning for ~2^28 cycles after every GEMM on the cores loom's pool wants next.
+# development machine; it matters only above 1 thread):
+# - loom: none. Its GEMMs run on its own pool, one OpenBLAS thread per part, so OpenBLAS's
+#   idle-thread settings (OPENBLAS_THREAD_TIMEOUT) make no difference.
 # - PyTorch: idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE); spinning ones starve
-#   OpenBLAS's threads (2 threads: 826 instead of 2241 tok/s for the small model), and the
-#   OpenBLAS timeout above makes PyTorch slower (2038 tok/s), so it is not set for PyTorch.
-LOOM_ENV = {"OPENBLAS_THREAD_TIMEOUT": "4"}
+#   OpenBLAS's threads (2 threads: 826 instead of 2241 tok/s for the small model), and
+#   OPENBLAS_THREAD_TIMEOUT=4 makes PyTorch slower (2038 tok/s), so it is not set.
+LOOM_ENV = {}
 TORCH_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
@@ -173,7 +173,7 @@ if __name__ == "__main__":
             torch_r = r if torch_r is None or r["tokens_per_s"] > torch_r["tokens_per_s"] else torch_r
         rows.append((name, shape, loom, torch_r))
     sgemm = max(sgemm, run([args.binary, "--sgemm", "1024"], t, LOOM_ENV)["sgemm_gflops"])
-    print("threads: %d, OpenBLAS sgemm (n=1024, best of the run): %.1f GFLOP/s\n" % (t, sgemm))
+    print("threads: %d, sgemm (n=1024, best of the run, on OpenBLAS's threads or split over loom's): %.1f GFLOP/s\n" % (t, sgemm))
     print("| model | params | tokens/step | loom tok/s | PyTorch tok/s | loom / PyTorch | loom GFLOP/s | of sgemm |")
     print("|---|---|---|---|---|---|---|---|")
     for name, (dim, layers, heads, kv, hidden, vocab, seq, batch), loom, torch_r in rows:

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -16,7 +17,9 @@ using loom::index_t;
 
 TEST_CASE("parallel_for: every index once, parts [p n / P, (p + 1) n / P) with P = clamp(n / grain, 1, size)") {
   for (int threads = 1; threads <= 5; ++threads) {
-    loom::thread_pool pool(threads);
+    // workers that block at once, and workers that poll before blocking (the default)
+    const auto spin = threads % 2 ? std::chrono::microseconds(0) : loom::thread_pool::default_spin;
+    loom::thread_pool pool(threads, spin);
     CHECK(pool.size() == threads);
     for (index_t n : {0, 1, 2, 3, 7, 100, 1001})
       for (index_t grain : {1, 3, 50}) {
@@ -128,6 +131,32 @@ TEST_CASE("pool sizes: bad thread counts are loom::errors naming the value") {
   ::unsetenv("LOOM_NUM_THREADS");
   ::setenv("OPENBLAS_NUM_THREADS", "2", 1);
   CHECK(loom::detail::host_pool_threads() == 2);
+  CHECK_THROWS_WITH_AS(loom::thread_pool(2, std::chrono::microseconds(-1)), doctest::Contains("spin=-1"), loom::error);
+  ::unsetenv("LOOM_POOL_SPIN_US");
+  CHECK(loom::detail::host_pool_spin() == loom::thread_pool::default_spin);
+  ::setenv("LOOM_POOL_SPIN_US", "0", 1);
+  CHECK(loom::detail::host_pool_spin() == std::chrono::microseconds(0));
+  ::setenv("LOOM_POOL_SPIN_US", "-5", 1);
+  CHECK_THROWS_WITH_AS(loom::detail::host_pool_spin(), doctest::Contains("LOOM_POOL_SPIN_US='-5'"), loom::error);
+  ::unsetenv("LOOM_POOL_SPIN_US");
+}
+
+TEST_CASE("workers that slept (no polling, or a pause longer than the poll) still take every part") {
+  for (const auto spin : {std::chrono::microseconds(0), std::chrono::microseconds(50)}) {
+    loom::thread_pool pool(3, spin);
+    for (int round = 0; round < 30; ++round) {
+      if (round % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let the workers block
+      std::vector<std::atomic<int>> seen(300);
+      std::vector<std::thread::id> ids(3);
+      pool.parallel_for(300, 1, [&](int p, index_t b, index_t e) {
+        ids[static_cast<std::size_t>(p)] = std::this_thread::get_id();
+        for (index_t i = b; i < e; ++i) ++seen[static_cast<std::size_t>(i)];
+      });
+      for (auto& x : seen) CHECK(x == 1);
+      CHECK(ids[1] != ids[0]);
+      CHECK(ids[2] != ids[1]);
+    }
+  }
 }
 
 TEST_CASE("parallel_for takes a const callable") {

@@ -62,6 +62,45 @@ TEST_CASE("gemm: plain, transposed and strided operands against a naive product"
                   loom::error);
 }
 
+TEST_CASE("gemm split over the pool (by rows, by columns) against a naive product; same bits on 1 and 3 threads") {
+  // [m, n, k]: 300 rows make 3 row parts on 3 threads; 10 rows are one tile, so the 2200
+  // columns are split instead; 40 x 40 x 40 is too small to split at all.
+  const index_t shapes[][3] = {{300, 96, 300}, {10, 2200, 300}, {40, 40, 40}};
+  for (const auto& sh : shapes) {
+    const index_t m = sh[0], n = sh[1], k = sh[2];
+    auto a = to_float(random_vector(m * k, 51)), b = to_float(random_vector(k * n, 52));
+    const auto c0 = to_float(random_vector(m * (n + 3), 53));
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        INFO("m=", m, " n=", n, " k=", k, " ta=", ta, " tb=", tb);
+        tensor_view<const float, host, 2> av = ta ? make_view(a.data(), k, m).transpose(0, 1) : make_view(a.data(), m, k);
+        tensor_view<const float, host, 2> bv = tb ? make_view(b.data(), n, k).transpose(0, 1) : make_view(b.data(), k, n);
+        auto product = [&](int threads) {  // C is [m, n] inside rows of n + 3 floats
+          loom::thread_pool pool(threads);
+          loom::host_pool_scope scope(pool);
+          std::vector<float> c = c0;
+          ops::gemm(host{}, av, bv, make_view(c.data(), m, n + 3).slice(1, 0, n), 1.5f, 0.5f);
+          return c;
+        };
+        const auto c1 = product(1), c3 = product(3);
+        CHECK(c1 == c3);
+        int wrong = 0;
+        for (index_t i = 0; i < m; ++i)
+          for (index_t j = 0; j < n + 3; ++j) {
+            const std::size_t at = static_cast<std::size_t>(i * (n + 3) + j);
+            double want = c0[at];  // the 3 padding columns stay untouched
+            if (j < n) {
+              double s = 0;
+              for (index_t p = 0; p < k; ++p) s += double(av(i, p)) * double(bv(p, j));
+              want = 1.5 * s + 0.5 * double(c0[at]);
+            }
+            wrong += std::abs(double(c3[at]) - want) > 1e-4 * (1 + std::abs(want));
+          }
+        CHECK(wrong == 0);
+      }
+  }
+}
+
 TEST_CASE("rmsnorm: forward against the formula, backward against finite differences") {
   const index_t n = 3, d = 8;
   vec x = random_vector(n * d, 3), w = random_vector(d, 4), r = random_vector(n * d, 5);

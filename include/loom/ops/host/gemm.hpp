@@ -6,6 +6,14 @@
 // activation (row stride H*hd) is passed with its leading dimension. So attention and linear
 // layers call one function and never copy to make an operand contiguous. float and double
 // (sgemm, dgemm); the same name will exist in ops/cuda on the loom::cuda tag.
+//
+// Threads: on a host_pool() of several threads a large enough product is split into row (or
+// column) blocks of C, one single-threaded BLAS call per pool thread, instead of handing the
+// whole call to OpenBLAS's threads (which then never run: a product too small to split runs
+// on one thread as well). Measured on the 2-core machine (docs/benchmarks.md,
+// "Training step"): the 128-wide GEMMs of a small model run 5-60% faster that way, large ones
+// the same, and loom's kernels and the GEMMs then share one set of threads, so nothing
+// waits for another pool's threads to wake up or yield between a GEMM and the next kernel.
 
 #include <loom/ops/host/common.hpp>
 
@@ -35,6 +43,18 @@ inline blas_operand blas_layout(const V& v, const char* what) {
   }
   LOOM_THROW("ops::gemm: operand ", what, " with shape ", str(v.shape()), " and strides ", str(v.strides()),
              " has no unit stride (BLAS needs a row-major or transposed row-major matrix)");
+}
+
+/// GEMM parts on the pool cover whole tiles of this many rows (or columns) of C: a multiple
+/// of OpenBLAS's register tiles, so a part boundary adds no edge tiles.
+inline constexpr index_t gemm_tile = 16;
+/// Multiply-adds a pool part gets at least (about 45 microseconds on one core): below that
+/// the hand-over costs more than the second core saves.
+inline constexpr index_t gemm_min_part_macs = index_t(1) << 21;
+/// Tiles per part when one tile holds gemm_tile lines of `macs_per_line` multiply-adds.
+inline index_t gemm_grain(index_t macs_per_line) {
+  const index_t per_tile = gemm_tile * std::max<index_t>(macs_per_line, 1);
+  return std::max<index_t>(1, (gemm_min_part_macs + per_tile - 1) / per_tile);
 }
 
 }  // namespace detail
@@ -86,14 +106,40 @@ inline void gemm(host, tensor_view<TA, host, 2> a, tensor_view<TB, host, 2> b, t
     return;
   }
   const auto la = detail::blas_layout(a, "A"), lb = detail::blas_layout(b, "B");
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, la.trans, lb.trans, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), alpha, a.data(), la.ld, b.data(), lb.ld, beta, c.data(),
-                static_cast<int>(ldc));
-  else
-    cblas_dgemm(CblasRowMajor, la.trans, lb.trans, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), alpha, a.data(), la.ld, b.data(), lb.ld, beta, c.data(),
-                static_cast<int>(ldc));
+  // C[i0:i1, j0:j1] from A's rows i0:i1 and B's columns j0:j1 (offsets through the views'
+  // strides, so transposed operands need nothing special).
+  auto block = [&](index_t i0, index_t i1, index_t j0, index_t j1) {
+    const T* ap = a.data() + i0 * a.stride(0);
+    const T* bp = b.data() + j0 * b.stride(1);
+    T* cp = c.data() + i0 * ldc + j0;
+    const int bm = static_cast<int>(i1 - i0), bn = static_cast<int>(j1 - j0), bk = static_cast<int>(k);
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, la.trans, lb.trans, bm, bn, bk, alpha, ap, la.ld, bp, lb.ld, beta, cp, static_cast<int>(ldc));
+    else
+      cblas_dgemm(CblasRowMajor, la.trans, lb.trans, bm, bn, bk, alpha, ap, la.ld, bp, lb.ld, beta, cp, static_cast<int>(ldc));
+  };
+  // On a pool of several threads, loom splits the product itself: C's rows (or, when there
+  // are too few, its columns) in parts of whole tiles, each part one single-threaded BLAS call.
+  // Every element of C still comes from one call over the whole K, so the result is the same
+  // bit for bit on any number of threads.
+  using detail::gemm_tile;
+  thread_pool& pool = host_pool();
+  const index_t row_tiles = (m + gemm_tile - 1) / gemm_tile, col_tiles = (n + gemm_tile - 1) / gemm_tile;
+  const index_t rows_grain = detail::gemm_grain(n * k), cols_grain = detail::gemm_grain(m * k);
+  if (pool.parts(row_tiles, rows_grain) > 1) {
+    const blas_single_thread_scope one_blas_thread;
+    pool.parallel_for(row_tiles, rows_grain, [&](int, index_t t0, index_t t1) {
+      block(t0 * gemm_tile, std::min(t1 * gemm_tile, m), 0, n);
+    });
+  } else if (pool.parts(col_tiles, cols_grain) > 1) {
+    const blas_single_thread_scope one_blas_thread;
+    pool.parallel_for(col_tiles, cols_grain, [&](int, index_t t0, index_t t1) {
+      block(0, m, t0 * gemm_tile, std::min(t1 * gemm_tile, n));
+    });
+  } else {  // too small to split: still one thread, the pool's threads are the only ones
+    const blas_single_thread_scope one_blas_thread(pool.size() > 1);
+    block(0, m, 0, n);
+  }
 }
 
 }  // namespace loom::ops
