@@ -149,7 +149,7 @@ class model {
   std::span<T> grads() noexcept { return store_.grads(); }
   std::span<const T> grads() const noexcept { return store_.grads(); }
   loom::nn::param_store<P, T>& store() noexcept { return store_; }
-  void zero_grad() noexcept { store_.zero_grad(); }
+  void zero_grad() { store_.zero_grad(); }
   std::size_t parameter_count() const noexcept { return layout().parameter_count(); }
   double flops_per_token(index_t seq) const noexcept { return cfg_.flops_per_token(seq); }
 
@@ -207,7 +207,7 @@ class model {
                      ws_);
     auto* dcur = &dx_a_;
     auto* dnext = &dx_b_;
-    std::fill(dcur->begin(), dcur->end(), T(0));
+    loom::ops::fill(loom::host{}, loom::make_view(dcur->data(), static_cast<loom::index_t>(dcur->size())), T(0));
     norm_.backward(p, g, loom::make_view(dxf.data(), n, d), resid(cfg_.n_layers), rstdf_.view(), dcur->view(n, d));
     for (index_t l = cfg_.n_layers; l-- > 0;) {
       block_acts& a = acts_.for_backward(l, [&](block_acts& s) { run_block(l, s); });

@@ -9,6 +9,7 @@
 
 #include <loom/core/buffer.hpp>
 #include <loom/core/memory.hpp>
+#include <loom/ops/host/fill.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -41,7 +42,7 @@ class workspace {
   /// n zero elements.
   std::span<T> take_zeroed(std::size_t n) {
     auto s = take(n);
-    std::fill(s.begin(), s.end(), T(0));
+    ops::fill(host{}, make_view(s.data(), static_cast<index_t>(n)), T(0));
     return s;
   }
   /// Releases every span; merges the chunks into one sized for the largest use so far.

@@ -1,20 +1,25 @@
 #pragma once
 // Fill and element-type cast on the host. Mirror of ops/cuda/fill.cuh (same names, overloaded
 // on the device tag). Casts go through float for the 16-bit types (round to nearest even).
+// A fill of more than 64K elements is split over host_pool(): the per-step zeroing of
+// gradients and workspace buffers would otherwise leave the other pool threads idle.
 
 #include <loom/core/device.hpp>
 #include <loom/core/dtype.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/tensor_view.hpp>
+#include <loom/ops/host/common.hpp>
+
+#include <algorithm>
 
 namespace loom::ops {
 
-/// x[i] = value for every element of a contiguous view.
+/// x[i] = value for every element of a contiguous view (parts of >= 64K elements on host_pool()).
 template <class T>
 void fill(host, tensor_view<T, host, 1> x, T value) {
   LOOM_CHECK(x.is_contiguous(), "ops::fill: view must be contiguous (stride=", x.stride(0), ")");
   T* p = x.data();
-  for (index_t i = 0, n = x.numel(); i < n; ++i) p[i] = value;
+  detail::parallel_rows(x.numel(), 2 * detail::min_part_elements, [&](index_t b, index_t e) { std::fill(p + b, p + e, value); });
 }
 
 /// out[i] = Out(in[i]); the views must have the same length.
