@@ -101,6 +101,28 @@ TEST_CASE("linear with bias: finite differences") {
       "linear");
 }
 
+TEST_CASE("linear::forward_all / backward_all (two layers with biases on one input): finite differences") {
+  const index_t n = 3, in = 4, o1 = 5, o2 = 2;
+  nn::param_layout L(1);
+  nn::linear<double> a(L, "a", in, o1, true), b(L, "b", in, o2, true);
+  vec p = random_vector(L.size(), 11), x = random_vector(n * in, 12), r1 = random_vector(n * o1, 13),
+      r2 = random_vector(n * o2, 14), y1(n * o1), y2(n * o2);
+  nn::workspace<double> ws;
+  check_layer(
+      p, x,
+      [&] {
+        nn::linear<double>::forward_all(std::span(p), make_view(as_const(x).data(), n, in),
+                                        {{&a, make_view(y1.data(), n, o1)}, {&b, make_view(y2.data(), n, o2)}}, ws);
+        return dot(r1, y1) + dot(r2, y2);
+      },
+      [&](vec& g, vec& dx) {
+        nn::linear<double>::backward_all(std::span(p), std::span(g), make_view(as_const(x).data(), n, in),
+                                         {{&a, make_view(as_const(r1).data(), n, o1)}, {&b, make_view(as_const(r2).data(), n, o2)}},
+                                         make_view(dx.data(), n, in), ws);
+      },
+      "linear group");
+}
+
 TEST_CASE("rmsnorm and layernorm layers: finite differences") {
   const index_t n = 3, d = 6;
   {

@@ -77,9 +77,11 @@ class attention {
     const index_t b = x.extent(0), s = x.extent(1), n = b * s;
     check(x, a);
     auto x2 = x.template reshape<2>({n, cfg_.dim});
-    wq_.forward(params, x2, a.q.view(n, wq_.out_features()), ws);
-    wk_.forward(params, x2, a.k.view(n, wk_.out_features()), ws);
-    wv_.forward(params, x2, a.v.view(n, wv_.out_features()), ws);
+    linear<T>::forward_all(params, x2,
+                           {{&wq_, a.q.view(n, wq_.out_features())},
+                            {&wk_, a.k.view(n, wk_.out_features())},
+                            {&wv_, a.v.view(n, wv_.out_features())}},
+                           ws);
     rope_.forward(q4(a));
     rope_.forward(kv4(a, a.k));
     ops::attention_forward(host{}, q4(a), kv4(a, a.k), kv4(a, a.v), a.out.view(b, s, cfg_.n_heads, cfg_.head_dim()),
@@ -106,9 +108,11 @@ class attention {
     rope_.backward(dq4);
     rope_.backward(dk4);
     auto dx2 = dx.template reshape<2>({n, cfg_.dim});
-    wq_.backward(params, grads, x2, make_view(dq.data(), n, wq_.out_features()), dx2, ws);
-    wk_.backward(params, grads, x2, make_view(dk.data(), n, wk_.out_features()), dx2, ws);
-    wv_.backward(params, grads, x2, make_view(dv.data(), n, wv_.out_features()), dx2, ws);
+    linear<T>::backward_all(params, grads, x2,
+                            {{&wq_, make_view(as_const(dq).data(), n, wq_.out_features())},
+                             {&wk_, make_view(as_const(dk).data(), n, wk_.out_features())},
+                             {&wv_, make_view(as_const(dv).data(), n, wv_.out_features())}},
+                            dx2, ws);
   }
 
  private:

@@ -12,10 +12,12 @@
 #include <loom/ops/host/common.hpp>
 #include <loom/ops/host/gemm.hpp>
 
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace loom::nn {
 
@@ -53,37 +55,72 @@ class linear {
   /// y [n, out] = x [n, in] W^T + b   (y is overwritten)
   template <ops::param_type P>
   void forward(std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y, workspace<T>& ws) const {
-    check(x, "x");
-    LOOM_CHECK(y.extent(0) == x.extent(0) && y.extent(1) == out_features(), "nn::linear: output has shape ",
-               ops::detail::str(y.shape()), ", expected [", x.extent(0), ", ", out_features(), "]");
-    ops::gemm(host{}, x, weights_as<T>(weight_, params, ws).transpose(0, 1), y);
-    if (bias_) {
-      auto b = weights_as<T>(*bias_, params, ws);
-      for (index_t r = 0; r < y.extent(0); ++r) {
-        T* yr = &y(r, 0);
-        LOOM_SIMD
-        for (index_t j = 0; j < out_features(); ++j) yr[j] += b(j);
-      }
-    }
+    forward_all(params, x, {{this, y}}, ws);
   }
 
   /// dW += dy^T x, db += sum_rows dy, dx += dy W (skipped when dx is empty).
   template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, in_view<T, 2> dy, tensor_view<T, host, 2> dx,
                 workspace<T>& ws) const {
-    check(x, "x");
-    LOOM_CHECK(dy.extent(0) == x.extent(0) && dy.extent(1) == out_features(), "nn::linear: dy has shape ",
-               ops::detail::str(dy.shape()), ", expected [", x.extent(0), ", ", out_features(), "]");
-    ops::gemm(host{}, dy.transpose(0, 1), x, weight_.in(grads), T(1), T(1));
-    if (bias_) {
-      auto db = bias_->in(grads);
-      for (index_t r = 0; r < dy.extent(0); ++r) {
-        const T* g = &dy(r, 0);
+    backward_all(params, grads, x, {{this, dy}}, dx, ws);
+  }
+
+  /// A layer and its output (forward_all) or its output's gradient (backward_all).
+  struct output {
+    const linear* layer;
+    tensor_view<T, host, 2> y;
+  };
+  struct output_grad {
+    const linear* layer;
+    in_view<T, 2> dy;
+  };
+
+  /// Several layers reading the same x (q/k/v; w1/w3): y_i = x W_i^T + b_i, the GEMMs as one
+  /// ops::gemm_batch (one split over the pool instead of one per layer).
+  template <ops::param_type P>
+  static void forward_all(std::span<P> params, in_view<T, 2> x, std::initializer_list<output> outs, workspace<T>& ws) {
+    std::vector<ops::gemm_op<T>> g;
+    for (const auto& o : outs) {
+      o.layer->check(x, "x");
+      LOOM_CHECK(o.y.extent(0) == x.extent(0) && o.y.extent(1) == o.layer->out_features(), "nn::linear: output has shape ",
+                 ops::detail::str(o.y.shape()), ", expected [", x.extent(0), ", ", o.layer->out_features(), "]");
+      g.push_back({x, weights_as<T>(o.layer->weight_, params, ws).transpose(0, 1), o.y});
+    }
+    ops::gemm_batch(host{}, std::span<const ops::gemm_op<T>>(g));
+    for (const auto& o : outs) {
+      if (!o.layer->bias_) continue;
+      auto b = weights_as<T>(*o.layer->bias_, params, ws);
+      for (index_t r = 0; r < o.y.extent(0); ++r) {
+        T* yr = &o.y(r, 0);
         LOOM_SIMD
-        for (index_t j = 0; j < out_features(); ++j) db(j) += g[j];
+        for (index_t j = 0; j < o.layer->out_features(); ++j) yr[j] += b(j);
       }
     }
-    if (!dx.empty()) ops::gemm(host{}, dy, weights_as<T>(weight_, params, ws), dx, T(1), T(1));
+  }
+
+  /// Backward of forward_all: dW_i += dy_i^T x, db_i += sum_rows dy_i, and dx += sum_i dy_i W_i
+  /// (added in list order; skipped when dx is empty), all GEMMs as one ops::gemm_batch.
+  template <ops::param_type P>
+  static void backward_all(std::span<P> params, std::span<T> grads, in_view<T, 2> x, std::initializer_list<output_grad> dys,
+                           tensor_view<T, host, 2> dx, workspace<T>& ws) {
+    std::vector<ops::gemm_op<T>> g;
+    for (const auto& d : dys) {
+      d.layer->check(x, "x");
+      LOOM_CHECK(d.dy.extent(0) == x.extent(0) && d.dy.extent(1) == d.layer->out_features(), "nn::linear: dy has shape ",
+                 ops::detail::str(d.dy.shape()), ", expected [", x.extent(0), ", ", d.layer->out_features(), "]");
+      g.push_back({d.dy.transpose(0, 1), x, d.layer->weight_.in(grads), T(1), T(1)});
+      if (!dx.empty()) g.push_back({d.dy, weights_as<T>(d.layer->weight_, params, ws), dx, T(1), T(1)});
+    }
+    ops::gemm_batch(host{}, std::span<const ops::gemm_op<T>>(g));
+    for (const auto& d : dys) {
+      if (!d.layer->bias_) continue;
+      auto db = d.layer->bias_->in(grads);
+      for (index_t r = 0; r < d.dy.extent(0); ++r) {
+        const T* gr = &d.dy(r, 0);
+        LOOM_SIMD
+        for (index_t j = 0; j < d.layer->out_features(); ++j) db(j) += gr[j];
+      }
+    }
   }
 
  private:

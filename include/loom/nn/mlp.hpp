@@ -38,8 +38,7 @@ class swiglu_mlp {
   template <ops::param_type P>
   void forward(std::span<P> params, in_view<T, 2> x, activations& a, tensor_view<T, host, 2> y, workspace<T>& ws) const {
     const index_t n = rows(x, a), f = hidden_dim();
-    w1_.forward(params, x, a.gate.view(n, f), ws);
-    w3_.forward(params, x, a.up.view(n, f), ws);
+    linear<T>::forward_all(params, x, {{&w1_, a.gate.view(n, f)}, {&w3_, a.up.view(n, f)}}, ws);
     ops::swiglu_forward(host{}, a.gate.view(), a.up.view(), a.hidden.view());
     w2_.forward(params, a.hidden.view(n, f), y, ws);
   }
@@ -53,8 +52,9 @@ class swiglu_mlp {
     w2_.backward(params, grads, make_view(a.hidden.data(), n, f), dy, make_view(dh.data(), n, f), ws);
     ops::swiglu_backward(host{}, make_view(dh.data(), n * f), a.gate.view(), a.up.view(), make_view(dg.data(), n * f),
                          make_view(du.data(), n * f), /*accumulate=*/false);
-    w1_.backward(params, grads, x, make_view(dg.data(), n, f), dx, ws);
-    w3_.backward(params, grads, x, make_view(du.data(), n, f), dx, ws);
+    linear<T>::backward_all(params, grads, x,
+                            {{&w1_, make_view(as_const(dg).data(), n, f)}, {&w3_, make_view(as_const(du).data(), n, f)}}, dx,
+                            ws);
   }
 
  private:

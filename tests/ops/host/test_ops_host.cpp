@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 using namespace loom;
@@ -99,6 +100,62 @@ TEST_CASE("gemm split over the pool (by rows, by columns) against a naive produc
         CHECK(wrong == 0);
       }
   }
+}
+
+TEST_CASE("gemm_batch: the same bits as gemm() on each product in turn, on 1 and 3 threads; against a naive product") {
+  // One batch as a layer group uses it: three products accumulating into one C (different K,
+  // one with transposed B), two independent ones (one with 10 rows: split by columns), and a
+  // product too small to split (runs whole in one part).
+  const index_t n = 600, d = 128;  // each accumulating product splits 3 ways (>= 3 x 2^21 multiply-adds)
+  const index_t ks[3] = {256, 128, 128};
+  std::vector<std::vector<float>> A, B;
+  for (int i = 0; i < 3; ++i) {
+    A.push_back(to_float(random_vector(n * ks[i], 60 + i)));
+    B.push_back(to_float(random_vector(ks[i] * d, 70 + i)));
+  }
+  const auto a4 = to_float(random_vector(10 * 300, 80)), b4 = to_float(random_vector(300 * 2200, 81));
+  const auto a5 = to_float(random_vector(20 * 8, 82)), b5 = to_float(random_vector(8 * 12, 83));
+  const auto c0 = to_float(random_vector(n * d, 84)), c40 = to_float(random_vector(10 * 2200, 85));
+  auto run = [&](int threads, bool batched) {
+    loom::thread_pool pool(threads);
+    loom::host_pool_scope scope(pool);
+    std::vector<float> c = c0, c4 = c40, c5(20 * 12, 0.f);
+    std::vector<ops::gemm_op<float>> list;
+    for (int i = 0; i < 3; ++i) {
+      tensor_view<const float, host, 2> bv = i == 1 ? make_view(B[1].data(), d, ks[1]).transpose(0, 1)
+                                                    : make_view(B[i].data(), ks[i], d);
+      list.push_back({make_view(A[i].data(), n, ks[i]), bv, make_view(c.data(), n, d), 1.f, 1.f});
+    }
+    list.push_back({make_view(a4.data(), 10, 300), make_view(b4.data(), 300, 2200), make_view(c4.data(), 10, 2200), 2.f, 0.5f});
+    list.push_back({make_view(a5.data(), 20, 8), make_view(b5.data(), 8, 12), make_view(c5.data(), 20, 12)});
+    if (batched) {
+      ops::gemm_batch(host{}, std::span<const ops::gemm_op<float>>(list));
+    } else {
+      for (const auto& g : list) ops::gemm(host{}, g.a, g.b, g.c, g.alpha, g.beta);
+    }
+    return std::tuple{c, c4, c5};
+  };
+  const auto seq = run(1, false), one = run(1, true), three = run(3, true), seq3 = run(3, false);
+  CHECK(one == seq);
+  CHECK(three == seq);
+  CHECK(seq3 == seq);
+  // the accumulated C against a naive sum of the three products
+  const auto& c = std::get<0>(three);
+  int wrong = 0;
+  for (index_t r = 0; r < n; ++r)
+    for (index_t j = 0; j < d; ++j) {
+      double want = c0[static_cast<std::size_t>(r * d + j)];
+      for (int i = 0; i < 3; ++i)
+        for (index_t p = 0; p < ks[i]; ++p) {
+          const double bij = i == 1 ? B[1][static_cast<std::size_t>(j * ks[1] + p)] : B[i][static_cast<std::size_t>(p * d + j)];
+          want += double(A[i][static_cast<std::size_t>(r * ks[i] + p)]) * bij;
+        }
+      wrong += std::abs(double(c[static_cast<std::size_t>(r * d + j)]) - want) > 1e-4 * (1 + std::abs(want));
+    }
+  CHECK(wrong == 0);
+  std::vector<float> bad(4 * 4);
+  const ops::gemm_op<float> mismatch{make_view(a5.data(), 20, 8), make_view(b5.data(), 12, 8), make_view(bad.data(), 4, 4)};
+  CHECK_THROWS_WITH_AS(ops::gemm_batch(host{}, {mismatch}), doctest::Contains("inner dimensions differ"), loom::error);
 }
 
 TEST_CASE("rmsnorm: forward against the formula, backward against finite differences") {

@@ -20,6 +20,9 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <initializer_list>
+#include <span>
+#include <vector>
 
 namespace loom::ops {
 namespace detail {
@@ -87,59 +90,160 @@ class blas_single_thread_scope {
   int old_ = 0;
 };
 
+namespace detail {
+
+/// A checked GEMM: operands, their BLAS layouts and the call for a block of C.
+template <compute_type T>
+struct gemm_plan {
+  const T* a = nullptr;
+  const T* b = nullptr;
+  T* c = nullptr;
+  index_t m = 0, n = 0, k = 0;
+  index_t a_row = 0, b_col = 0, ldc = 0;  // element steps: A's rows, B's columns, C's rows
+  blas_operand la{}, lb{};
+  T alpha = T(1), beta = T(0);
+
+  index_t row_tiles() const noexcept { return (m + gemm_tile - 1) / gemm_tile; }
+
+  /// C[i0:i1, j0:j1] from A's rows i0:i1 and B's columns j0:j1: one BLAS call on the calling thread.
+  void block(index_t i0, index_t i1, index_t j0, index_t j1) const {
+    if (i1 <= i0 || j1 <= j0) return;
+    T* cp = c + i0 * ldc + j0;
+    if (k == 0) {  // BLAS skips the product; apply beta ourselves for a well-defined result
+      for (index_t i = 0; i < i1 - i0; ++i)
+        for (index_t j = 0; j < j1 - j0; ++j) cp[i * ldc + j] = beta == T(0) ? T(0) : beta * cp[i * ldc + j];
+      return;
+    }
+    const T* ap = a + i0 * a_row;
+    const T* bp = b + j0 * b_col;
+    const int bm = static_cast<int>(i1 - i0), bn = static_cast<int>(j1 - j0), bk = static_cast<int>(k);
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, la.trans, lb.trans, bm, bn, bk, alpha, ap, la.ld, bp, lb.ld, beta, cp, static_cast<int>(ldc));
+    else
+      cblas_dgemm(CblasRowMajor, la.trans, lb.trans, bm, bn, bk, alpha, ap, la.ld, bp, lb.ld, beta, cp, static_cast<int>(ldc));
+  }
+  /// Part p of `parts`: rows [p R / P, (p + 1) R / P) of C in whole tiles (R = row_tiles()),
+  /// or, when C has fewer row tiles than parts, the same share of its column tiles. Products
+  /// with the same C are split the same way.
+  void part(index_t p, index_t parts) const {
+    const index_t rt = row_tiles();
+    if (rt >= parts) {
+      block(std::min(m, p * rt / parts * gemm_tile), std::min(m, (p + 1) * rt / parts * gemm_tile), 0, n);
+    } else {
+      const index_t ct = (n + gemm_tile - 1) / gemm_tile;
+      block(0, m, std::min(n, p * ct / parts * gemm_tile), std::min(n, (p + 1) * ct / parts * gemm_tile));
+    }
+  }
+};
+
+template <class TA, class TB, compute_type T>
+inline gemm_plan<T> plan_gemm(const tensor_view<TA, host, 2>& a, const tensor_view<TB, host, 2>& b,
+                              const tensor_view<T, host, 2>& c, T alpha, T beta) {
+  const index_t m = a.extent(0), k = a.extent(1), n = b.extent(1);
+  LOOM_CHECK(b.extent(0) == k, "ops::gemm: inner dimensions differ: A is ", str(a.shape()), ", B is ", str(b.shape()));
+  LOOM_CHECK(c.extent(0) == m && c.extent(1) == n, "ops::gemm: C has shape ", str(c.shape()), ", expected [", m, ", ", n, "]");
+  gemm_plan<T> g{a.data(), b.data(), c.data(), m, n, k, a.stride(0), b.stride(1), 0, {}, {}, alpha, beta};
+  if (m == 0 || n == 0) return g;
+  LOOM_CHECK(c.stride(1) == 1 || n == 1, "ops::gemm: C must have unit stride in dimension 1 (strides ", str(c.strides()), ")");
+  g.ldc = m > 1 ? c.stride(0) : n;
+  LOOM_CHECK(g.ldc >= n, "ops::gemm: C's row stride ", g.ldc, " is smaller than its ", n, " columns");
+  if (k > 0) g.la = blas_layout(a, "A"), g.lb = blas_layout(b, "B");
+  return g;
+}
+
+}  // namespace detail
+
 /// C[M, N] = alpha * A[M, K] B[K, N] + beta * C. A and B may be transposed views; C must have
 /// unit stride in its last dimension.
 template <class TA, class TB, compute_type T>
   requires std::same_as<std::remove_const_t<TA>, T> && std::same_as<std::remove_const_t<TB>, T>
 inline void gemm(host, tensor_view<TA, host, 2> a, tensor_view<TB, host, 2> b, tensor_view<T, host, 2> c,
                  T alpha = T(1), T beta = T(0)) {
-  const index_t m = a.extent(0), k = a.extent(1), n = b.extent(1);
-  LOOM_CHECK(b.extent(0) == k, "ops::gemm: inner dimensions differ: A is ", detail::str(a.shape()), ", B is ", detail::str(b.shape()));
-  LOOM_CHECK(c.extent(0) == m && c.extent(1) == n, "ops::gemm: C has shape ", detail::str(c.shape()), ", expected [", m, ", ", n, "]");
-  if (m == 0 || n == 0) return;
-  LOOM_CHECK(c.stride(1) == 1 || n == 1, "ops::gemm: C must have unit stride in dimension 1 (strides ", detail::str(c.strides()), ")");
-  const index_t ldc = m > 1 ? c.stride(0) : n;
-  LOOM_CHECK(ldc >= n, "ops::gemm: C's row stride ", ldc, " is smaller than its ", n, " columns");
-  if (k == 0) {  // BLAS skips the product; apply beta ourselves for a well-defined result
-    for (index_t i = 0; i < m; ++i)
-      for (index_t j = 0; j < n; ++j) c(i, j) = beta == T(0) ? T(0) : beta * c(i, j);
-    return;
-  }
-  const auto la = detail::blas_layout(a, "A"), lb = detail::blas_layout(b, "B");
-  // C[i0:i1, j0:j1] from A's rows i0:i1 and B's columns j0:j1 (offsets through the views'
-  // strides, so transposed operands need nothing special).
-  auto block = [&](index_t i0, index_t i1, index_t j0, index_t j1) {
-    const T* ap = a.data() + i0 * a.stride(0);
-    const T* bp = b.data() + j0 * b.stride(1);
-    T* cp = c.data() + i0 * ldc + j0;
-    const int bm = static_cast<int>(i1 - i0), bn = static_cast<int>(j1 - j0), bk = static_cast<int>(k);
-    if constexpr (std::is_same_v<T, float>)
-      cblas_sgemm(CblasRowMajor, la.trans, lb.trans, bm, bn, bk, alpha, ap, la.ld, bp, lb.ld, beta, cp, static_cast<int>(ldc));
-    else
-      cblas_dgemm(CblasRowMajor, la.trans, lb.trans, bm, bn, bk, alpha, ap, la.ld, bp, lb.ld, beta, cp, static_cast<int>(ldc));
-  };
+  const auto g = detail::plan_gemm(a, b, c, alpha, beta);
+  if (g.m == 0 || g.n == 0) return;
   // On a pool of several threads, loom splits the product itself: C's rows (or, when there
   // are too few, its columns) in parts of whole tiles, each part one single-threaded BLAS call.
   // Every element of C still comes from one call over the whole K, so the result is the same
   // bit for bit on any number of threads.
   using detail::gemm_tile;
   thread_pool& pool = host_pool();
-  const index_t row_tiles = (m + gemm_tile - 1) / gemm_tile, col_tiles = (n + gemm_tile - 1) / gemm_tile;
+  const index_t m = g.m, n = g.n, k = g.k;
+  const index_t row_tiles = g.row_tiles(), col_tiles = (n + gemm_tile - 1) / gemm_tile;
   const index_t rows_grain = detail::gemm_grain(n * k), cols_grain = detail::gemm_grain(m * k);
   if (pool.parts(row_tiles, rows_grain) > 1) {
     const blas_single_thread_scope one_blas_thread;
     pool.parallel_for(row_tiles, rows_grain, [&](int, index_t t0, index_t t1) {
-      block(t0 * gemm_tile, std::min(t1 * gemm_tile, m), 0, n);
+      g.block(t0 * gemm_tile, std::min(t1 * gemm_tile, m), 0, n);
     });
   } else if (pool.parts(col_tiles, cols_grain) > 1) {
     const blas_single_thread_scope one_blas_thread;
     pool.parallel_for(col_tiles, cols_grain, [&](int, index_t t0, index_t t1) {
-      block(0, m, t0 * gemm_tile, std::min(t1 * gemm_tile, n));
+      g.block(0, m, t0 * gemm_tile, std::min(t1 * gemm_tile, n));
     });
   } else {  // too small to split: still one thread, the pool's threads are the only ones
     const blas_single_thread_scope one_blas_thread(pool.size() > 1);
-    block(0, m, 0, n);
+    g.block(0, m, 0, n);
   }
+}
+
+/// One product of a gemm_batch: C = alpha A B + beta C (views as for gemm).
+template <compute_type T>
+struct gemm_op {
+  tensor_view<const T, host, 2> a, b;
+  tensor_view<T, host, 2> c;
+  T alpha = T(1), beta = T(0);
+};
+
+/// The products in list order, as one split over host_pool() instead of one per product:
+/// part p of P computes rows [p R_i / P, (p + 1) R_i / P) (R_i: product i's 16-row tiles) of
+/// every product, in list order (columns, likewise, of a product with fewer row tiles than
+/// parts). P: the pool's size, at most one part per 2^21 multiply-adds of the whole batch.
+/// Products that share a C form a group; a group with a product too small to give every part
+/// 2^21 multiply-adds runs whole, in one part (groups spread over the parts), because BLAS
+/// computes tiny products by another kernel and the bits would then depend on the split.
+/// For the linear layers of one block (q/k/v from one input; a layer's weight and input
+/// gradients; dx summed over several layers): one fork-join instead of several. Bit for bit
+/// the result of gemm() on each product in turn, provided products whose C overlap have the
+/// same C (they accumulate in list order) and no product reads another's C.
+template <compute_type T>
+inline void gemm_batch(host, std::span<const gemm_op<T>> ops) {
+  struct item {
+    detail::gemm_plan<T> plan;
+    std::size_t group;  // index of the first product with the same C
+  };
+  std::vector<item> items;
+  items.reserve(ops.size());
+  index_t macs = 0;
+  for (const auto& op : ops) {
+    const auto g = detail::plan_gemm(op.a, op.b, op.c, op.alpha, op.beta);
+    std::size_t group = items.size();
+    for (std::size_t j = 0; j < items.size(); ++j)
+      if (items[j].plan.c == g.c && items[j].plan.m == g.m && items[j].plan.n == g.n && items[j].plan.ldc == g.ldc) {
+        group = items[j].group;
+        break;
+      }
+    items.push_back({g, group});
+    macs += g.m * g.n * std::max<index_t>(g.k, 1);
+  }
+  thread_pool& pool = host_pool();
+  const int parts = pool.parts(macs, detail::gemm_min_part_macs);
+  std::vector<char> whole(items.size(), 0);  // per group: run unsplit
+  for (const auto& it : items)
+    if (it.plan.m * it.plan.n * std::max<index_t>(it.plan.k, 1) < parts * detail::gemm_min_part_macs) whole[it.group] = 1;
+  const blas_single_thread_scope one_blas_thread(pool.size() > 1);
+  pool.parallel_for(parts, 1, [&](int, index_t p0, index_t p1) {
+    for (index_t p = p0; p < p1; ++p)
+      for (const auto& it : items) {
+        if (!whole[it.group])
+          it.plan.part(p, parts);
+        else if (static_cast<index_t>(it.group % static_cast<std::size_t>(parts)) == p)
+          it.plan.block(0, it.plan.m, 0, it.plan.n);
+      }
+  });
+}
+template <compute_type T>
+inline void gemm_batch(host h, std::initializer_list<gemm_op<T>> ops) {
+  gemm_batch(h, std::span<const gemm_op<T>>(ops.begin(), ops.size()));
 }
 
 }  // namespace loom::ops
