@@ -1,6 +1,6 @@
 #pragma once
-// A small fork-join pool for loom's own host kernels (attention heads, row-wise norms,
-// elementwise activations): `parallel_for(n, grain, fn)` splits [0, n) into contiguous parts,
+// A small fork-join pool for loom's own host kernels (GEMM row blocks, attention heads,
+// row-wise norms, elementwise activations): `parallel_for(n, grain, fn)` splits [0, n) into contiguous parts,
 // one per participant (the caller is one of them), and returns when all parts are done.
 //
 // Why this shape:
@@ -8,10 +8,9 @@
 //   the same range, so a kernel whose parts write disjoint outputs gives bit-identical results
 //   run to run (resume tests and rank-vs-single-rank comparisons rely on that).
 // - Idle threads poll for a short while (default 100 us), then block on a condition variable.
-//   A training step issues hundreds of parts a few hundred microseconds apart, and a wake-up
-//   through the kernel costs tens of microseconds each time (measured: the small model's
-//   step on 2 threads spends 6-10% of its time in the scheduler without the poll, <1% with
-//   it). Bounded, because ranks may outnumber cores (thread_comm tests run 8 ranks on 2
+//   A training step issues over a hundred fork-joins a few hundred microseconds apart, and a
+//   wake-up through the kernel costs tens of microseconds each time (measured: the 1.8M-param
+//   LLaMA step on 2 threads is about 10% slower without the poll; 20 to 1,000 us all do). Bounded, because ranks may outnumber cores (thread_comm tests run 8 ranks on 2
 //   cores) and a thread that only polls takes a core from one that works.
 //   LOOM_POOL_SPIN_US sets the time for host_pool() (0: block at once).
 // - A call that finds the pool busy (another rank thread is using it) or that comes from
@@ -193,7 +192,6 @@ class thread_pool {
 };
 
 namespace detail {
-/// The pool size the environment asks for (see the header comment).
 /// The integer in environment variable `var`, in [lo, hi]; -1 when unset or empty.
 inline long env_count(const char* var, long lo, long hi, const char* what) {
   const char* v = std::getenv(var);
@@ -203,6 +201,7 @@ inline long env_count(const char* var, long lo, long hi, const char* what) {
   LOOM_CHECK(*end == '\0' && n >= lo && n <= hi, "host_pool: ", var, "='", v, "' is not ", what, " (", lo, "..", hi, ")");
   return n;
 }
+/// The pool size the environment asks for (see the header comment).
 inline int host_pool_threads() {
   for (const char* var : {"LOOM_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"})
     if (const long n = env_count(var, 1, 4096, "a thread count"); n > 0) return static_cast<int>(n);
@@ -212,9 +211,6 @@ inline std::chrono::microseconds host_pool_spin() {
   const long us = env_count("LOOM_POOL_SPIN_US", 0, 1000000, "a spin time in microseconds");
   return us < 0 ? thread_pool::default_spin : std::chrono::microseconds(us);
 }
-}  // namespace detail
-
-namespace detail {
 inline thread_pool*& host_pool_override() noexcept {
   static thread_pool* p = nullptr;
   return p;

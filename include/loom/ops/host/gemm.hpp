@@ -10,9 +10,9 @@
 // Threads: on a host_pool() of several threads a large enough product is split into row (or
 // column) blocks of C, one single-threaded BLAS call per pool thread, instead of handing the
 // whole call to OpenBLAS's threads (which then never run: a product too small to split runs
-// on one thread as well). Measured on the 2-core machine (docs/benchmarks.md,
-// "Training step"): the 128-wide GEMMs of a small model run 5-60% faster that way, large ones
-// the same, and loom's kernels and the GEMMs then share one set of threads, so nothing
+// on one thread as well). gemm is gemm_batch of one product. Measured on the 2-core machine (docs/benchmarks.md,
+// "Training step"): the 64- and 128-wide GEMMs of a small model run up to 60% faster that
+// way, large ones the same, and loom's kernels and the GEMMs then share one set of threads, so nothing
 // waits for another pool's threads to wake up or yield between a GEMM and the next kernel.
 
 #include <loom/ops/host/common.hpp>
@@ -54,11 +54,6 @@ inline constexpr index_t gemm_tile = 16;
 /// Multiply-adds a pool part gets at least (about 45 microseconds on one core): below that
 /// the hand-over costs more than the second core saves.
 inline constexpr index_t gemm_min_part_macs = index_t(1) << 21;
-/// Tiles per part when one tile holds gemm_tile lines of `macs_per_line` multiply-adds.
-inline index_t gemm_grain(index_t macs_per_line) {
-  const index_t per_tile = gemm_tile * std::max<index_t>(macs_per_line, 1);
-  return std::max<index_t>(1, (gemm_min_part_macs + per_tile - 1) / per_tile);
-}
 
 }  // namespace detail
 
@@ -104,6 +99,7 @@ struct gemm_plan {
   T alpha = T(1), beta = T(0);
 
   index_t row_tiles() const noexcept { return (m + gemm_tile - 1) / gemm_tile; }
+  index_t macs() const noexcept { return m * n * std::max<index_t>(k, 1); }
 
   /// C[i0:i1, j0:j1] from A's rows i0:i1 and B's columns j0:j1: one BLAS call on the calling thread.
   void block(index_t i0, index_t i1, index_t j0, index_t j1) const {
@@ -153,39 +149,6 @@ inline gemm_plan<T> plan_gemm(const tensor_view<TA, host, 2>& a, const tensor_vi
 
 }  // namespace detail
 
-/// C[M, N] = alpha * A[M, K] B[K, N] + beta * C. A and B may be transposed views; C must have
-/// unit stride in its last dimension.
-template <class TA, class TB, compute_type T>
-  requires std::same_as<std::remove_const_t<TA>, T> && std::same_as<std::remove_const_t<TB>, T>
-inline void gemm(host, tensor_view<TA, host, 2> a, tensor_view<TB, host, 2> b, tensor_view<T, host, 2> c,
-                 T alpha = T(1), T beta = T(0)) {
-  const auto g = detail::plan_gemm(a, b, c, alpha, beta);
-  if (g.m == 0 || g.n == 0) return;
-  // On a pool of several threads, loom splits the product itself: C's rows (or, when there
-  // are too few, its columns) in parts of whole tiles, each part one single-threaded BLAS call.
-  // Every element of C still comes from one call over the whole K, so the result is the same
-  // bit for bit on any number of threads.
-  using detail::gemm_tile;
-  thread_pool& pool = host_pool();
-  const index_t m = g.m, n = g.n, k = g.k;
-  const index_t row_tiles = g.row_tiles(), col_tiles = (n + gemm_tile - 1) / gemm_tile;
-  const index_t rows_grain = detail::gemm_grain(n * k), cols_grain = detail::gemm_grain(m * k);
-  if (pool.parts(row_tiles, rows_grain) > 1) {
-    const blas_single_thread_scope one_blas_thread;
-    pool.parallel_for(row_tiles, rows_grain, [&](int, index_t t0, index_t t1) {
-      g.block(t0 * gemm_tile, std::min(t1 * gemm_tile, m), 0, n);
-    });
-  } else if (pool.parts(col_tiles, cols_grain) > 1) {
-    const blas_single_thread_scope one_blas_thread;
-    pool.parallel_for(col_tiles, cols_grain, [&](int, index_t t0, index_t t1) {
-      g.block(0, m, t0 * gemm_tile, std::min(t1 * gemm_tile, n));
-    });
-  } else {  // too small to split: still one thread, the pool's threads are the only ones
-    const blas_single_thread_scope one_blas_thread(pool.size() > 1);
-    g.block(0, m, 0, n);
-  }
-}
-
 /// One product of a gemm_batch: C = alpha A B + beta C (views as for gemm).
 template <compute_type T>
 struct gemm_op {
@@ -223,13 +186,13 @@ inline void gemm_batch(host, std::span<const gemm_op<T>> ops) {
         break;
       }
     items.push_back({g, group});
-    macs += g.m * g.n * std::max<index_t>(g.k, 1);
+    macs += g.macs();
   }
   thread_pool& pool = host_pool();
   const int parts = pool.parts(macs, detail::gemm_min_part_macs);
   std::vector<char> whole(items.size(), 0);  // per group: run unsplit
   for (const auto& it : items)
-    if (it.plan.m * it.plan.n * std::max<index_t>(it.plan.k, 1) < parts * detail::gemm_min_part_macs) whole[it.group] = 1;
+    if (it.plan.macs() < parts * detail::gemm_min_part_macs) whole[it.group] = 1;
   const blas_single_thread_scope one_blas_thread(pool.size() > 1);
   pool.parallel_for(parts, 1, [&](int, index_t p0, index_t p1) {
     for (index_t p = p0; p < p1; ++p)
@@ -244,6 +207,20 @@ inline void gemm_batch(host, std::span<const gemm_op<T>> ops) {
 template <compute_type T>
 inline void gemm_batch(host h, std::initializer_list<gemm_op<T>> ops) {
   gemm_batch(h, std::span<const gemm_op<T>>(ops.begin(), ops.size()));
+}
+
+/// C[M, N] = alpha * A[M, K] B[K, N] + beta * C. A and B may be transposed views; C must have
+/// unit stride in its last dimension. On a pool of several threads: split by 16-row tiles of
+/// C (by columns when C has fewer row tiles than parts), see gemm_batch.
+template <class TA, class TB, compute_type T>
+  requires std::same_as<std::remove_const_t<TA>, T> && std::same_as<std::remove_const_t<TB>, T>
+inline void gemm(host h, tensor_view<TA, host, 2> a, tensor_view<TB, host, 2> b, tensor_view<T, host, 2> c,
+                 T alpha = T(1), T beta = T(0)) {
+  const auto g = detail::plan_gemm(a, b, c, alpha, beta);
+  thread_pool& pool = host_pool();
+  if (pool.parts(g.macs(), detail::gemm_min_part_macs) > 1) return gemm_batch(h, {gemm_op<T>{a, b, c, alpha, beta}});
+  const blas_single_thread_scope one_blas_thread(pool.size() > 1);  // too small to split (or 1 thread)
+  g.block(0, g.m, 0, g.n);
 }
 
 }  // namespace loom::ops
