@@ -207,7 +207,7 @@ class model {
                      ws_);
     auto* dcur = &dx_a_;
     auto* dnext = &dx_b_;
-    loom::ops::fill(loom::host{}, loom::make_view(dcur->data(), static_cast<loom::index_t>(dcur->size())), T(0));
+    loom::ops::fill(loom::host{}, dcur->view(), T(0));
     norm_.backward(p, g, loom::make_view(dxf.data(), n, d), resid(cfg_.n_layers), rstdf_.view(), dcur->view(n, d));
     for (index_t l = cfg_.n_layers; l-- > 0;) {
       block_acts& a = acts_.for_backward(l, [&](block_acts& s) { run_block(l, s); });

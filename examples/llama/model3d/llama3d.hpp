@@ -171,7 +171,7 @@ class stage_model {
   /// Elements of the flat parameter / gradient buffers (layout size padded to pad_to).
   std::size_t size() const noexcept { return size_; }
   const tp::shard_list& shards() const noexcept { return shards_; }
-  void zero_grad() { loom::ops::fill(loom::host{}, loom::make_view(grads_.data(), static_cast<loom::index_t>(grads_.size())), T(0)); }
+  void zero_grad() { loom::ops::fill(loom::host{}, grads_.view(), T(0)); }
   /// ZeRO-3 / ZeRO-2: drop the full parameter / gradient buffer between steps, and bring it
   /// back (uninitialised) before the next one.
   void drop_params() noexcept { params_.release(); }

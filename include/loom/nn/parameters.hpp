@@ -124,7 +124,7 @@ class param_store {
   std::span<const P> params() const noexcept { return params_.span(); }
   std::span<G> grads() noexcept { return grads_.span(); }
   std::span<const G> grads() const noexcept { return grads_.span(); }
-  void zero_grad() { ops::fill(host{}, make_view(grads_.data(), static_cast<index_t>(grads_.size())), G(0)); }
+  void zero_grad() { ops::fill(host{}, grads_.view(), G(0)); }
 
   /// Named access (slow: a search by name; layers keep slots instead).
   std::span<P> param(std::string_view name) {

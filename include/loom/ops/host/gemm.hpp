@@ -10,10 +10,11 @@
 // Threads: on a host_pool() of several threads a large enough product is split into row (or
 // column) blocks of C, one single-threaded BLAS call per pool thread, instead of handing the
 // whole call to OpenBLAS's threads (which then never run: a product too small to split runs
-// on one thread as well). gemm is gemm_batch of one product. Measured on the 2-core machine (docs/benchmarks.md,
-// "Training step"): the 64- and 128-wide GEMMs of a small model run up to 60% faster that
-// way, large ones the same, and loom's kernels and the GEMMs then share one set of threads, so nothing
-// waits for another pool's threads to wake up or yield between a GEMM and the next kernel.
+// on one thread as well); gemm is gemm_batch of one product. Measured on the 2-core machine
+// (docs/benchmarks.md, "Training step"): the 64- and 128-wide GEMMs of a small model run up
+// to 60% faster that way, large ones the same, and loom's kernels and the GEMMs then share
+// one set of threads, so nothing waits for another pool's threads to wake up or yield
+// between a GEMM and the next kernel.
 
 #include <loom/ops/host/common.hpp>
 
