@@ -10,6 +10,7 @@
 #include <llama/model/llama.hpp>
 #include <loom/ops/host/gemm.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -28,7 +29,7 @@ double seconds_since(clock_type::time_point t0) {
 void usage(const char* why) {
   std::fprintf(stderr,
                "%s\nusage: loom-bench-train-step [--dim N --layers N --heads N --kv-heads N --hidden N --vocab N "
-               "--seq N --batch N --steps N --checkpoint] | [--sgemm N]\n",
+               "--seq N --batch N --steps N --checkpoint --kernels] | [--sgemm N]\n",
                why);
 }
 
@@ -57,17 +58,53 @@ int bench_sgemm(long n) {
   return 0;
 }
 
+// --kernels: the same step with float GEMMs on loom's kernel and on BLAS, alternating step by
+// step (the machine's drift hits both alike); best and median of each, and the median of the
+// paired ratios (BLAS step time / loom step time of adjacent steps).
+template <class Step>
+int compare_kernels(Step& step, long steps, double flops) {
+  using loom::ops::host_sgemm;
+  if (!loom::ops::detail::sgemm_avx512_supported()) {
+    std::fprintf(stderr, "loom-bench-train-step: --kernels needs a CPU with AVX-512F (loom's sgemm kernel)\n");
+    return 1;
+  }
+  std::vector<double> t_loom, t_blas, ratio;
+  for (long s = 0; s < steps; ++s) {
+    for (host_sgemm k : {host_sgemm::loom, host_sgemm::blas}) {
+      loom::ops::set_host_sgemm(k);
+      const auto t0 = clock_type::now();
+      step();
+      (k == host_sgemm::loom ? t_loom : t_blas).push_back(seconds_since(t0));
+    }
+    ratio.push_back(t_blas.back() / t_loom.back());
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  auto best = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+  std::printf(
+      "{\"impl\": \"loom\", \"steps\": %ld, \"loom_sgemm_gflops\": %.2f, \"blas_sgemm_gflops\": %.2f, "
+      "\"loom_sgemm_median_s\": %.5f, \"blas_sgemm_median_s\": %.5f, \"median_speedup\": %.3f}\n",
+      steps, flops / best(t_loom) / 1e9, flops / best(t_blas) / 1e9, median(t_loom), median(t_blas), median(ratio));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   llama::config c{};
   long batch = 4, steps = 3, sgemm = 0;
-  bool checkpoint = false;
+  bool checkpoint = false, kernels = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") return usage("loom-bench-train-step: LLaMA training-step throughput"), 0;
     if (a == "--checkpoint") {
       checkpoint = true;
+      continue;
+    }
+    if (a == "--kernels") {
+      kernels = true;
       continue;
     }
     if (i + 1 >= argc) return usage(("missing value after " + a).c_str()), 2;
@@ -103,6 +140,7 @@ int main(int argc, char** argv) {
       return loss;
     };
     step();  // warm-up: plans activations, sizes the workspace
+    if (kernels) return compare_kernels(step, steps, m.flops_per_token(c.seq_len) * double(n));
     double best = 1e30;
     float loss = 0;
     for (long s = 0; s < steps; ++s) {

@@ -534,3 +534,105 @@ TEST_CASE("host kernels split over the pool give bit-identical results on 1 and 
     CHECK(a[i] == b[i]);
   }
 }
+
+namespace {
+/// The float GEMM kernels this CPU has (BLAS always; loom's where AVX-512F is there).
+std::vector<ops::host_sgemm> sgemm_kernels() {
+  if (ops::detail::sgemm_avx512_supported()) return {ops::host_sgemm::blas, ops::host_sgemm::loom};
+  MESSAGE("no AVX-512F on this CPU: loom's sgemm kernel is not tested here");
+  return {ops::host_sgemm::blas};
+}
+/// Sets the float GEMM kernel while alive.
+struct sgemm_kernel_scope {
+  ops::host_sgemm old = ops::host_sgemm_kernel();
+  explicit sgemm_kernel_scope(ops::host_sgemm k) { ops::set_host_sgemm(k); }
+  ~sgemm_kernel_scope() { ops::set_host_sgemm(old); }
+};
+}  // namespace
+
+TEST_CASE("sgemm kernels (loom's AVX-512 and BLAS): every layout, edge sizes, alpha/beta against a naive product") {
+  // m and n around the kernel's 12-row and 32-column tiles, k across its 512-deep blocks;
+  // C has 5 padding columns that must stay untouched; beta = 0 must not read C (NaN there).
+  const index_t ms[] = {1, 11, 12, 13, 37}, ns[] = {1, 15, 16, 17, 32, 33, 70}, ks[] = {1, 16, 17, 513, 1100};
+  for (const auto kernel : sgemm_kernels()) {
+    const sgemm_kernel_scope use(kernel);
+    int wrong = 0, cases = 0;
+    for (const index_t m : ms)
+      for (const index_t n : ns)
+        for (const index_t k : ks)
+          for (int layout = 0; layout < 4; ++layout)
+            for (const float beta : {0.f, 0.75f}) {
+              const bool ta = layout & 1, tb = layout & 2;
+              const auto a = to_float(random_vector(m * k, 90 + m)), b = to_float(random_vector(k * n, 91 + n));
+              tensor_view<const float, host, 2> av = ta ? make_view(a.data(), k, m).transpose(0, 1) : make_view(a.data(), m, k);
+              tensor_view<const float, host, 2> bv = tb ? make_view(b.data(), n, k).transpose(0, 1) : make_view(b.data(), k, n);
+              auto c0 = to_float(random_vector(m * (n + 5), 92));
+              std::vector<float> c = c0;
+              if (beta == 0.f)
+                for (index_t i = 0; i < m; ++i)
+                  for (index_t j = 0; j < n; ++j) c[static_cast<std::size_t>(i * (n + 5) + j)] = std::nanf("");
+              ops::gemm(host{}, av, bv, make_view(c.data(), m, n + 5).slice(1, 0, n), -1.25f, beta);
+              ++cases;
+              for (index_t i = 0; i < m; ++i)
+                for (index_t j = 0; j < n + 5; ++j) {
+                  const std::size_t at = static_cast<std::size_t>(i * (n + 5) + j);
+                  double want = c0[at], scale = 1 + std::abs(want);
+                  if (j < n) {
+                    double s = 0, sa = 0;
+                    for (index_t p = 0; p < k; ++p) s += double(av(i, p)) * double(bv(p, j)), sa += std::abs(double(av(i, p)) * double(bv(p, j)));
+                    want = -1.25 * s + double(beta) * double(c0[at]);
+                    scale = 1 + sa;
+                  }
+                  wrong += !(std::abs(double(c[at]) - want) <= 1e-5 * scale);  // NaN counts as wrong
+                }
+            }
+    INFO("kernel ", kernel == ops::host_sgemm::loom ? "loom" : "blas", ": ", cases, " products");
+    CHECK(wrong == 0);
+  }
+}
+
+TEST_CASE("loom's sgemm kernel and BLAS on a training step's shapes against an exact product; same bits on 1 and 3 threads") {
+  if (!ops::detail::sgemm_avx512_supported()) {
+    MESSAGE("no AVX-512F on this CPU: nothing to compare");
+    return;
+  }
+  // x W^T, dy W and dy^T x of a 1024-token linear layer, 128 -> 352
+  const index_t t = 1024, d = 128, h = 352;
+  const auto x = to_float(random_vector(t * d, 93)), w = to_float(random_vector(h * d, 94)), dy = to_float(random_vector(t * h, 95));
+  const std::tuple<tensor_view<const float, host, 2>, tensor_view<const float, host, 2>, index_t, index_t> products[] = {
+      {make_view(x.data(), t, d), make_view(w.data(), h, d).transpose(0, 1), t, h},
+      {make_view(dy.data(), t, h), make_view(w.data(), h, d), t, d},
+      {make_view(dy.data(), t, h).transpose(0, 1), make_view(x.data(), t, d), h, d}};
+  for (const auto& [av, bv, m, n] : products) {
+    auto run = [&](ops::host_sgemm kernel, int threads) {
+      const sgemm_kernel_scope use(kernel);
+      loom::thread_pool pool(threads);
+      loom::host_pool_scope scope(pool);
+      std::vector<float> c(static_cast<std::size_t>(m * n));
+      ops::gemm(host{}, av, bv, make_view(c.data(), m, n));
+      return c;
+    };
+    const auto blas = run(ops::host_sgemm::blas, 1), loom1 = run(ops::host_sgemm::loom, 1), loom3 = run(ops::host_sgemm::loom, 3);
+    CHECK(loom1 == loom3);
+    int wrong = 0;  // both within float rounding of the exact product
+    for (index_t i = 0; i < m; ++i)
+      for (index_t j = 0; j < n; ++j) {
+        double s = 0, sa = 0;
+        for (index_t p = 0; p < av.extent(1); ++p) s += double(av(i, p)) * double(bv(p, j)), sa += std::abs(double(av(i, p)) * double(bv(p, j)));
+        const std::size_t at = static_cast<std::size_t>(i * n + j);
+        wrong += !(std::abs(double(loom1[at]) - s) <= 1e-6 * sa) + !(std::abs(double(blas[at]) - s) <= 1e-6 * sa);
+      }
+    CHECK(wrong == 0);
+  }
+}
+
+TEST_CASE("LOOM_SGEMM: loom, blas and auto; anything else is a loom::error naming it") {
+  CHECK(ops::detail::parse_host_sgemm("blas") == ops::host_sgemm::blas);
+  CHECK(ops::detail::parse_host_sgemm(nullptr) == ops::detail::parse_host_sgemm("auto"));
+  CHECK(ops::detail::parse_host_sgemm("") == (ops::detail::sgemm_avx512_supported() ? ops::host_sgemm::loom : ops::host_sgemm::blas));
+  if (ops::detail::sgemm_avx512_supported())
+    CHECK(ops::detail::parse_host_sgemm("loom") == ops::host_sgemm::loom);
+  else
+    CHECK_THROWS_WITH_AS(ops::detail::parse_host_sgemm("loom"), doctest::Contains("AVX-512F"), loom::error);
+  CHECK_THROWS_WITH_AS(ops::detail::parse_host_sgemm("mkl"), doctest::Contains("LOOM_SGEMM='mkl'"), loom::error);
+}

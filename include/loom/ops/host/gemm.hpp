@@ -17,10 +17,14 @@
 // between a GEMM and the next kernel.
 
 #include <loom/ops/host/common.hpp>
+#include <loom/ops/host/sgemm_avx512.hpp>
 
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <span>
 #include <vector>
@@ -57,6 +61,38 @@ inline constexpr index_t gemm_tile = 16;
 inline constexpr index_t gemm_min_part_macs = index_t(1) << 21;
 
 }  // namespace detail
+
+/// The kernel behind float GEMMs on the host: loom's AVX-512 kernel (ops/host/sgemm_avx512.hpp;
+/// the default where the CPU has AVX-512F) or BLAS (cblas_sgemm; the default elsewhere, and
+/// always for double). Set by the environment, LOOM_SGEMM=loom|blas|auto, read on first use,
+/// or by set_host_sgemm() (benchmarks compare the two in one process).
+enum class host_sgemm { loom, blas };
+
+namespace detail {
+inline host_sgemm checked_host_sgemm(host_sgemm k, const char* source) {
+  LOOM_CHECK(k == host_sgemm::blas || sgemm_avx512_supported(), source,
+             ": loom's sgemm kernel needs a CPU with AVX-512F (x86-64, GCC or Clang); this one has none: use blas");
+  return k;
+}
+/// LOOM_SGEMM's value (null or empty: auto) as a kernel; a loom::error names a bad one.
+inline host_sgemm parse_host_sgemm(const char* v) {
+  if (!v || !*v || std::strcmp(v, "auto") == 0) return sgemm_avx512_supported() ? host_sgemm::loom : host_sgemm::blas;
+  if (std::strcmp(v, "blas") == 0) return host_sgemm::blas;
+  LOOM_CHECK(std::strcmp(v, "loom") == 0, "LOOM_SGEMM='", v, "' is not loom, blas or auto");
+  return checked_host_sgemm(host_sgemm::loom, "LOOM_SGEMM=loom");
+}
+inline std::atomic<host_sgemm>& host_sgemm_choice() {
+  static std::atomic<host_sgemm> choice{parse_host_sgemm(std::getenv("LOOM_SGEMM"))};
+  return choice;
+}
+}  // namespace detail
+
+/// The kernel float GEMMs use now.
+inline host_sgemm host_sgemm_kernel() { return detail::host_sgemm_choice().load(std::memory_order_relaxed); }
+/// Chooses the kernel of later float GEMMs (loom on a CPU without AVX-512F is a loom::error).
+inline void set_host_sgemm(host_sgemm k) {
+  detail::host_sgemm_choice().store(detail::checked_host_sgemm(k, "set_host_sgemm(loom)"), std::memory_order_relaxed);
+}
 
 /// While alive, OpenBLAS runs each call on one thread (the old count is restored after): for
 /// GEMMs issued from several loom pool threads at once, which would otherwise each try to
@@ -98,6 +134,7 @@ struct gemm_plan {
   index_t a_row = 0, b_col = 0, ldc = 0;  // element steps: A's rows, B's columns, C's rows
   blas_operand la{}, lb{};
   T alpha = T(1), beta = T(0);
+  bool loom_sgemm = false;  // float through sgemm_avx512 instead of BLAS
 
   index_t row_tiles() const noexcept { return (m + gemm_tile - 1) / gemm_tile; }
   index_t macs() const noexcept { return m * n * std::max<index_t>(k, 1); }
@@ -113,6 +150,10 @@ struct gemm_plan {
     }
     const T* ap = a + i0 * a_row;
     const T* bp = b + j0 * b_col;
+    if constexpr (std::is_same_v<T, float>)
+      if (loom_sgemm)
+        return sgemm_avx512(la.trans == CblasTrans, lb.trans == CblasTrans, i1 - i0, j1 - j0, k, alpha, ap, la.ld, bp,
+                            lb.ld, beta, cp, ldc);
     const int bm = static_cast<int>(i1 - i0), bn = static_cast<int>(j1 - j0), bk = static_cast<int>(k);
     if constexpr (std::is_same_v<T, float>)
       cblas_sgemm(CblasRowMajor, la.trans, lb.trans, bm, bn, bk, alpha, ap, la.ld, bp, lb.ld, beta, cp, static_cast<int>(ldc));
@@ -145,6 +186,8 @@ inline gemm_plan<T> plan_gemm(const tensor_view<TA, host, 2>& a, const tensor_vi
   g.ldc = m > 1 ? c.stride(0) : n;
   LOOM_CHECK(g.ldc >= n, "ops::gemm: C's row stride ", g.ldc, " is smaller than its ", n, " columns");
   if (k > 0) g.la = blas_layout(a, "A"), g.lb = blas_layout(b, "B");
+  // alpha == 0: BLAS leaves A B out (inf * 0 would otherwise make NaNs); rare, so BLAS does it
+  if constexpr (std::is_same_v<T, float>) g.loom_sgemm = alpha != T(0) && host_sgemm_kernel() == host_sgemm::loom;
   return g;
 }
 
