@@ -4,6 +4,9 @@
 //   loom-bench-train-step --dim 288 --layers 6 --heads 6 --kv-heads 6 --hidden 768
 //       --vocab 32000 --seq 256 --batch 4 --steps 3 [--checkpoint]
 //   loom-bench-train-step --sgemm 1024          (GFLOP/s of an n x n x n sgemm, see bench_sgemm)
+//   loom-bench-train-step --dim 128 ... --gemm-shapes   (the model's linear-layer GEMMs on
+//       loom's sgemm kernel and on BLAS, see bench_gemm_shapes)
+//   loom-bench-train-step --dim 128 ... --kernels       (whole steps on each kernel, alternating)
 //
 // Prints one JSON object per run. Threads: OPENBLAS_NUM_THREADS (loom's pool and OpenBLAS
 // both take it). bench_train_step.py runs both beside PyTorch.
@@ -15,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,7 +33,7 @@ double seconds_since(clock_type::time_point t0) {
 void usage(const char* why) {
   std::fprintf(stderr,
                "%s\nusage: loom-bench-train-step [--dim N --layers N --heads N --kv-heads N --hidden N --vocab N "
-               "--seq N --batch N --steps N --checkpoint --kernels] | [--sgemm N]\n",
+               "--seq N --batch N --steps N --checkpoint --kernels --gemm-shapes] | [--sgemm N]\n",
                why);
 }
 
@@ -90,12 +94,60 @@ int compare_kernels(Step& step, long steps, double flops) {
   return 0;
 }
 
+// --gemm-shapes: every distinct GEMM of the model's linear layers (forward x W^T, input
+// gradient dy W, weight gradient dy^T x, for q, k/v, o, w1/w3, w2 and the output layer) on
+// the batch's tokens, through ops::gemm with each float kernel in turn, with caches flushed
+// before every call (as in a step, where operands come from the previous kernel); best of 10.
+int bench_gemm_shapes(const llama::config& c, long tokens) {
+  using loom::ops::host_sgemm;
+  if (!loom::ops::detail::sgemm_avx512_supported()) {
+    std::fprintf(stderr, "loom-bench-train-step: --gemm-shapes needs a CPU with AVX-512F (loom's sgemm kernel)\n");
+    return 1;
+  }
+  const long hd = c.dim / c.n_heads;
+  const struct {
+    const char* name;
+    long out, in;
+  } layers[] = {{"q/o", c.dim, c.dim}, {"k/v", c.n_kv_heads * hd, c.dim}, {"w1/w3", c.hidden_dim, c.dim},
+                {"w2", c.dim, c.hidden_dim}, {"output", c.vocab, c.dim}};
+  std::vector<float> flush(std::size_t(64) << 20 >> 2, 1.f);
+  for (const auto& l : layers) {
+    std::vector<float> x(tokens * l.in, 0.5f), w(l.out * l.in, 0.25f), y(tokens * l.out, 0.125f), dx(tokens * l.in),
+        dw(l.out * l.in);
+    auto xv = loom::make_view(x.data(), tokens, l.in), wv = loom::make_view(w.data(), l.out, l.in),
+         yv = loom::make_view(y.data(), tokens, l.out);
+    const struct {
+      const char* what;
+      std::function<void()> call;
+    } products[] = {
+        {"forward x W^T", [&] { loom::ops::gemm(loom::host{}, xv, wv.transpose(0, 1), yv); }},
+        {"dx = dy W", [&] { loom::ops::gemm(loom::host{}, loom::tensor_view<const float, loom::host, 2>(yv), wv, loom::make_view(dx.data(), tokens, l.in)); }},
+        {"dW = dy^T x", [&] { loom::ops::gemm(loom::host{}, yv.transpose(0, 1), xv, loom::make_view(dw.data(), l.out, l.in)); }}};
+    for (const auto& p : products) {
+      double best[2] = {1e30, 1e30};
+      for (int r = 0; r < 10; ++r)
+        for (int k = 0; k < 2; ++k) {
+          loom::ops::set_host_sgemm(k == 0 ? host_sgemm::loom : host_sgemm::blas);
+          for (float& f : flush) f += 1.f;
+          const auto t0 = clock_type::now();
+          p.call();
+          best[k] = std::min(best[k], seconds_since(t0));
+        }
+      const double flops = 2.0 * double(tokens) * double(l.in) * double(l.out);
+      std::printf("{\"layer\": \"%s\", \"product\": \"%s\", \"out\": %ld, \"in\": %ld, \"tokens\": %ld, "
+                  "\"loom_sgemm_gflops\": %.2f, \"blas_sgemm_gflops\": %.2f, \"speedup\": %.3f}\n",
+                  l.name, p.what, l.out, l.in, tokens, flops / best[0] / 1e9, flops / best[1] / 1e9, best[1] / best[0]);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   llama::config c{};
   long batch = 4, steps = 3, sgemm = 0;
-  bool checkpoint = false, kernels = false;
+  bool checkpoint = false, kernels = false, gemm_shapes = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") return usage("loom-bench-train-step: LLaMA training-step throughput"), 0;
@@ -103,8 +155,8 @@ int main(int argc, char** argv) {
       checkpoint = true;
       continue;
     }
-    if (a == "--kernels") {
-      kernels = true;
+    if (a == "--kernels" || a == "--gemm-shapes") {
+      (a == "--kernels" ? kernels : gemm_shapes) = true;
       continue;
     }
     if (i + 1 >= argc) return usage(("missing value after " + a).c_str()), 2;
@@ -124,6 +176,7 @@ int main(int argc, char** argv) {
     else return usage(("unknown option " + a).c_str()), 2;
   }
   if (sgemm) return bench_sgemm(sgemm);
+  if (gemm_shapes) return bench_gemm_shapes(c, batch * c.seq_len);
   try {
     llama::model<float> m(c);
     m.init(1);

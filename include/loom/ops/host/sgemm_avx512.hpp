@@ -195,10 +195,17 @@ LOOM_TARGET_AVX512 void sgemm_pack_b(const float* b, index_t ldb, index_t k0, in
 template <bool AT, bool BT>
 LOOM_TARGET_AVX512 void sgemm_blocked(index_t m, index_t n, index_t k, float alpha, const float* a, index_t lda,
                                       const float* b, index_t ldb, float beta, float* c, index_t ldc) {
-  thread_local std::vector<float> buffer;  // the B copy, 64-byte aligned inside
-  const index_t need = std::min(k, sgemm_kc) * ((std::min(n, sgemm_nc) + 31) / 32 * 32) + 16;
+  thread_local std::vector<float> buffer;  // the B copy, 64-byte aligned inside; then A's rows if copied
+  const index_t kmax = std::min(k, sgemm_kc), lda_copy = kmax + 16;
+  // Rows of a row-major A a multiple of 4 KiB apart fall into the same L1 sets (12 rows, 8
+  // ways): such A (a [tokens, vocab] gradient) is copied 12 rows at a time, rows 64 bytes
+  // further apart than the block is deep.
+  const bool copy_a = !AT && lda % 1024 == 0;
+  const index_t b_size = kmax * ((std::min(n, sgemm_nc) + 31) / 32 * 32);
+  const index_t need = b_size + (copy_a ? sgemm_mr * lda_copy : 0) + 16;
   if (static_cast<index_t>(buffer.size()) < need) buffer.resize(static_cast<std::size_t>(need));
   float* bp = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(buffer.data()) + 63) & ~std::uintptr_t(63));
+  float* ap = bp + b_size;
   for (index_t k0 = 0; k0 < k; k0 += sgemm_kc) {
     const index_t kc = std::min(sgemm_kc, k - k0);
     const float beta_k = k0 == 0 ? beta : 1.f;  // later K blocks add to C
@@ -208,14 +215,19 @@ LOOM_TARGET_AVX512 void sgemm_blocked(index_t m, index_t n, index_t k, float alp
       for (index_t i0 = 0; i0 < m; i0 += sgemm_mr) {
         const int rows = static_cast<int>(std::min<index_t>(sgemm_mr, m - i0));
         const float* ai = AT ? a + k0 * lda + i0 : a + i0 * lda + k0;
+        index_t lda_i = lda;
+        if (copy_a) {
+          for (int r = 0; r < rows; ++r) std::copy(ai + r * lda, ai + r * lda + kc, ap + r * lda_copy);
+          ai = ap, lda_i = lda_copy;
+        }
         for (index_t p = 0; p * 32 < nc; ++p) {
           __mmask16 m0, m1;
           sgemm_masks(std::min<index_t>(32, nc - p * 32), m0, m1);
           float* cp = c + i0 * ldc + j0 + p * 32;
           if (rows == sgemm_mr)
-            sgemm_micro<sgemm_mr, AT>(ai, lda, bp + p * kc * 32, kc, cp, ldc, alpha, beta_k, m0, m1);
+            sgemm_micro<sgemm_mr, AT>(ai, lda_i, bp + p * kc * 32, kc, cp, ldc, alpha, beta_k, m0, m1);
           else
-            sgemm_micro_rows<AT>(rows, ai, lda, bp + p * kc * 32, kc, cp, ldc, alpha, beta_k, m0, m1);
+            sgemm_micro_rows<AT>(rows, ai, lda_i, bp + p * kc * 32, kc, cp, ldc, alpha, beta_k, m0, m1);
         }
       }
     }
