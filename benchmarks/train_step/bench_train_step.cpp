@@ -1,5 +1,5 @@
 // loom-bench-train-step: times forward + backward of the reference LLaMA on one rank, and
-// OpenBLAS sgemm on the same threads (the practical peak of this machine for this work).
+// sgemm on the same threads (the practical peak of this machine for this work).
 //
 //   loom-bench-train-step --dim 288 --layers 6 --heads 6 --kv-heads 6 --hidden 768
 //       --vocab 32000 --seq 256 --batch 4 --steps 3 [--checkpoint]
@@ -38,7 +38,8 @@ void usage(const char* why) {
 }
 
 // The practical peak: an n x n x n sgemm, best of 5, both as one OpenBLAS call on its own
-// threads and through ops::gemm (split over loom's pool); the larger is the peak.
+// threads and through ops::gemm (split over loom's pool; loom's kernel where the CPU has
+// AVX-512F); the larger is the peak.
 int bench_sgemm(long n) {
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
   auto av = loom::make_view(a.data(), n, n), bv = loom::make_view(b.data(), n, n), cv = loom::make_view(c.data(), n, n);

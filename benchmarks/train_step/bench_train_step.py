@@ -4,8 +4,8 @@
 Usage: /usr/bin/python3 benchmarks/train_step/bench_train_step.py \
            --binary build/benchmarks/train_step/loom-bench-train-step [--threads 2] [--steps 10] [--repeat 3]
 
-For every model size, on the same number of threads and in this one run: OpenBLAS sgemm
-GFLOP/s (n = 1024, the practical peak), loom's forward + backward (loom-bench-train-step),
+For every model size, on the same number of threads and in this one run: sgemm GFLOP/s
+(n = 1024, the practical peak: the better of OpenBLAS and loom's kernel), loom's forward + backward (loom-bench-train-step),
 and the same LLaMA and batch in PyTorch (an ordinary nn.Module, autograd, fp32). Each
 implementation runs in its own process with OPENBLAS_NUM_THREADS / OMP_NUM_THREADS set (and
 the environment below that suits it best), the
@@ -121,8 +121,9 @@ def torch_worker(a):
 
 # Each side runs with the setting that suits it best on a shared core (measured on the 2-core
 # development machine; it matters only above 1 thread):
-# - loom: none. Its GEMMs run on its own pool, one OpenBLAS thread per part, so OpenBLAS's
-#   idle-thread settings (OPENBLAS_THREAD_TIMEOUT) make no difference.
+# - loom: none. Its GEMMs run on its own pool, one single-thread call per part (loom's sgemm
+#   kernel, or OpenBLAS on one thread), so OpenBLAS's idle-thread settings
+#   (OPENBLAS_THREAD_TIMEOUT) make no difference.
 # - PyTorch: idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE); spinning ones starve
 #   OpenBLAS's threads (2 threads: 826 instead of 2241 tok/s for the small model), and
 #   OPENBLAS_THREAD_TIMEOUT=4 makes PyTorch slower (2038 tok/s), so it is not set.

@@ -1,14 +1,16 @@
 #pragma once
-// GEMM on the host through CBLAS (OpenBLAS): C = alpha * A B + beta * C on row-major views.
+// GEMM on the host: C = alpha * A B + beta * C on row-major views. float runs on loom's own
+// AVX-512 kernel (sgemm_avx512.hpp) where the CPU has AVX-512F, else on CBLAS (OpenBLAS);
+// double always on CBLAS. host_sgemm_kernel() / set_host_sgemm() / LOOM_SGEMM choose.
 //
 // Why views: a transposed view (`w.transpose(0, 1)`, unit stride in dimension 0) is passed to
-// BLAS as a transposed operand without a copy, and a head's slice of a [B, T, H, hd]
+// the kernel as a transposed operand without a copy, and a head's slice of a [B, T, H, hd]
 // activation (row stride H*hd) is passed with its leading dimension. So attention and linear
 // layers call one function and never copy to make an operand contiguous. float and double
 // (sgemm, dgemm); the same name will exist in ops/cuda on the loom::cuda tag.
 //
 // Threads: on a host_pool() of several threads a large enough product is split into row (or
-// column) blocks of C, one single-threaded BLAS call per pool thread, instead of handing the
+// column) blocks of C, one single-thread kernel call per pool thread, instead of handing the
 // whole call to OpenBLAS's threads (which then never run: a product too small to split runs
 // on one thread as well); gemm is gemm_batch of one product. Measured on the 2-core machine
 // (docs/benchmarks.md, "Training step"): the 64- and 128-wide GEMMs of a small model run up

@@ -5,12 +5,14 @@
 // Why: the GEMMs of a training step are skinny (K and N of 64-1376 beside M = 1,024 tokens),
 // and BLAS packs both operands of every call into its own layout first. For K = 128 that
 // packing is about a sixth of the GEMM time (`perf` on the tiny benchmark model: OpenBLAS's
-// copy routines 15% of the whole step). This kernel never packs A: its micro-kernel
+// copy routines 15% of the whole step). This kernel does not pack A: its micro-kernel
 // broadcasts A's elements straight from the caller's rows (row-major A: 12 row streams;
-// transposed A: 12 adjacent elements of one row); only B is copied, into 32-column panels
+// transposed A: 12 adjacent elements of one row; row-major rows a multiple of 4 KiB apart are
+// copied, 12 at a time, see sgemm_blocked); B is copied, into 32-column panels
 // (B is the weight or the smaller operand: its copy is 1/M of the multiply-adds). Measured
-// against OpenBLAS 0.3.21's Cooperlake kernel on one Genoa core: 1.05-1.24x on the tiny and
-// small models' shapes, the same at n = 1,024 (docs/benchmarks.md, "Training step").
+// against OpenBLAS 0.3.21's Cooperlake kernel on one Genoa core: 0.93-1.24x on the three
+// benchmark models' GEMMs (1.04-1.24x for 14 of the 15 of the 1.8M-param model), within 2%
+// at n = 1,024; whole training steps 1.005-1.09x (docs/benchmarks.md, "Training step").
 //
 // Shape of the computation (GotoBLAS's loop order without the A packing):
 //   for each K block of sgemm_kc: for each N block of sgemm_nc: copy B[kblock, nblock] into
