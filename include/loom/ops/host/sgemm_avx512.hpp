@@ -30,7 +30,7 @@
 #include <cstdint>
 #include <vector>
 
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #define LOOM_HAS_SGEMM_AVX512 1
 #include <immintrin.h>
 #else
@@ -62,6 +62,10 @@ inline bool sgemm_avx512_supported() noexcept {
 #define LOOM_TARGET_AVX512 __attribute__((target("avx512f")))
 // GCC 12 warns inside its own intrinsics (_mm512_undefined_ps as the unused merge source of
 // the unpack intrinsics) once they are inlined here.
+#if defined(__CUDACC__)  // nvcc's front end does not know GCC's unroll pragma (the host compiler does)
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 1675
+#endif
 #if !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -237,6 +241,9 @@ LOOM_TARGET_AVX512 void sgemm_blocked(index_t m, index_t n, index_t k, float alp
 }
 #if !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
+#if defined(__CUDACC__)
+#pragma nv_diagnostic pop
 #endif
 #undef LOOM_TARGET_AVX512
 #endif
