@@ -141,7 +141,8 @@ struct gemm_plan {
   index_t row_tiles() const noexcept { return (m + gemm_tile - 1) / gemm_tile; }
   index_t macs() const noexcept { return m * n * std::max<index_t>(k, 1); }
 
-  /// C[i0:i1, j0:j1] from A's rows i0:i1 and B's columns j0:j1: one BLAS call on the calling thread.
+  /// C[i0:i1, j0:j1] from A's rows i0:i1 and B's columns j0:j1: one kernel call (loom's or
+  /// BLAS) on the calling thread.
   void block(index_t i0, index_t i1, index_t j0, index_t j1) const {
     if (i1 <= i0 || j1 <= j0) return;
     T* cp = c + i0 * ldc + j0;
@@ -152,15 +153,15 @@ struct gemm_plan {
     }
     const T* ap = a + i0 * a_row;
     const T* bp = b + j0 * b_col;
-    if constexpr (std::is_same_v<T, float>)
-      if (loom_sgemm)
-        return sgemm_avx512(la.trans == CblasTrans, lb.trans == CblasTrans, i1 - i0, j1 - j0, k, alpha, ap, la.ld, bp,
-                            lb.ld, beta, cp, ldc);
     const int bm = static_cast<int>(i1 - i0), bn = static_cast<int>(j1 - j0), bk = static_cast<int>(k);
-    if constexpr (std::is_same_v<T, float>)
-      cblas_sgemm(CblasRowMajor, la.trans, lb.trans, bm, bn, bk, alpha, ap, la.ld, bp, lb.ld, beta, cp, static_cast<int>(ldc));
-    else
+    if constexpr (std::is_same_v<T, float>) {
+      if (loom_sgemm)
+        sgemm_avx512(la.trans == CblasTrans, lb.trans == CblasTrans, bm, bn, k, alpha, ap, la.ld, bp, lb.ld, beta, cp, ldc);
+      else
+        cblas_sgemm(CblasRowMajor, la.trans, lb.trans, bm, bn, bk, alpha, ap, la.ld, bp, lb.ld, beta, cp, static_cast<int>(ldc));
+    } else {
       cblas_dgemm(CblasRowMajor, la.trans, lb.trans, bm, bn, bk, alpha, ap, la.ld, bp, lb.ld, beta, cp, static_cast<int>(ldc));
+    }
   }
   /// Part p of `parts`: rows [p R / P, (p + 1) R / P) of C in whole tiles (R = row_tiles()),
   /// or, when C has fewer row tiles than parts, the same share of its column tiles. Products

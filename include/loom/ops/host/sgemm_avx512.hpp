@@ -60,12 +60,12 @@ inline bool sgemm_avx512_supported() noexcept {
 
 #if LOOM_HAS_SGEMM_AVX512
 #define LOOM_TARGET_AVX512 __attribute__((target("avx512f")))
-// GCC 12 warns inside its own intrinsics (_mm512_undefined_ps as the unused merge source of
-// the unpack intrinsics) once they are inlined here.
 #if defined(__CUDACC__)  // nvcc's front end does not know GCC's unroll pragma (the host compiler does)
 #pragma nv_diagnostic push
 #pragma nv_diag_suppress 1675
 #endif
+// GCC 12 warns inside its own intrinsics (_mm512_undefined_ps as the unused merge source of
+// the unpack intrinsics) once they are inlined here.
 #if !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
