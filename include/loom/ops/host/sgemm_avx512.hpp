@@ -198,20 +198,25 @@ LOOM_TARGET_AVX512 void sgemm_pack_b(const float* b, index_t ldb, index_t k0, in
   }
 }
 
+/// This thread's scratch for the B copy (and A's rows where copied), at least `floats` long
+/// and 64-byte aligned: one buffer per thread for all four layouts.
+inline float* sgemm_scratch(index_t floats) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<index_t>(buffer.size()) < floats + 16) buffer.resize(static_cast<std::size_t>(floats + 16));
+  return reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(buffer.data()) + 63) & ~std::uintptr_t(63));
+}
+
 template <bool AT, bool BT>
 LOOM_TARGET_AVX512 void sgemm_blocked(index_t m, index_t n, index_t k, float alpha, const float* a, index_t lda,
                                       const float* b, index_t ldb, float beta, float* c, index_t ldc) {
-  thread_local std::vector<float> buffer;  // the B copy, 64-byte aligned inside; then A's rows if copied
   const index_t kmax = std::min(k, sgemm_kc), lda_copy = kmax + 16;
   // Rows of a row-major A a multiple of 4 KiB apart fall into the same L1 sets (12 rows, 8
   // ways): such A (a [tokens, vocab] gradient) is copied 12 rows at a time, rows 64 bytes
   // further apart than the block is deep.
   const bool copy_a = !AT && lda % 1024 == 0;
   const index_t b_size = kmax * ((std::min(n, sgemm_nc) + 31) / 32 * 32);
-  const index_t need = b_size + (copy_a ? sgemm_mr * lda_copy : 0) + 16;
-  if (static_cast<index_t>(buffer.size()) < need) buffer.resize(static_cast<std::size_t>(need));
-  float* bp = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(buffer.data()) + 63) & ~std::uintptr_t(63));
-  float* ap = bp + b_size;
+  float* bp = sgemm_scratch(b_size + (copy_a ? sgemm_mr * lda_copy : 0));
+  float* ap = bp + b_size;  // A's rows, when copied
   for (index_t k0 = 0; k0 < k; k0 += sgemm_kc) {
     const index_t kc = std::min(sgemm_kc, k - k0);
     const float beta_k = k0 == 0 ? beta : 1.f;  // later K blocks add to C
