@@ -552,9 +552,10 @@ struct sgemm_kernel_scope {
 
 TEST_CASE("sgemm kernels (loom's AVX-512 and BLAS): every layout, edge sizes, alpha/beta against a naive product") {
   // m and n around the kernel's 12-row and 32-column tiles, k across its 512-deep blocks (and
-  // k = 1024: rows 4 KiB apart, which the kernel copies);
+  // k = 1024: rows 4 KiB apart, which the kernel reads in 8-row tiles: m = 7, 11, 13, 37 end in
+  // shorter ones);
   // C has 5 padding columns that must stay untouched; beta = 0 must not read C (NaN there).
-  const index_t ms[] = {1, 11, 12, 13, 37}, ns[] = {1, 15, 16, 17, 32, 33, 70}, ks[] = {1, 16, 17, 513, 1024, 1100};
+  const index_t ms[] = {1, 7, 11, 12, 13, 37}, ns[] = {1, 15, 16, 17, 32, 33, 70}, ks[] = {1, 16, 17, 513, 1024, 1100};
   for (const auto kernel : sgemm_kernels()) {
     const sgemm_kernel_scope use(kernel);
     int wrong = 0, cases = 0;
