@@ -205,17 +205,14 @@ class model {
     auto dxf = ws_.take_zeroed(n * d);
     output_.backward(p, g, xf_.view(n, d), loom::make_view(dlogits_.data(), n, cfg_.vocab), loom::make_view(dxf.data(), n, d),
                      ws_);
-    auto* dcur = &dx_a_;
-    auto* dnext = &dx_b_;
-    loom::ops::fill(loom::host{}, dcur->view(), T(0));
-    norm_.backward(p, g, loom::make_view(dxf.data(), n, d), resid(cfg_.n_layers), rstdf_.view(), dcur->view(n, d));
+    loom::ops::fill(loom::host{}, dresid_.view(), T(0));
+    norm_.backward(p, g, loom::make_view(dxf.data(), n, d), resid(cfg_.n_layers), rstdf_.view(), dresid_.view(n, d));
     for (index_t l = cfg_.n_layers; l-- > 0;) {
       block_acts& a = acts_.for_backward(l, [&](block_acts& s) { run_block(l, s); });
       ws_.reset();
-      block_backward(l, a, *dcur, *dnext);
-      std::swap(dcur, dnext);
+      block_backward(l, a);
     }
-    tok_embeddings_.backward(g, tokens_view(), dcur->view(n, d));
+    tok_embeddings_.backward(g, tokens_view(), dresid_.view(n, d));
   }
 
  private:
@@ -256,8 +253,7 @@ class model {
     rstdf_ = loom::buffer<T>(n, mr);
     logits_ = loom::buffer<T>(n * cfg_.vocab, mr);
     dlogits_ = loom::buffer<T>(n * cfg_.vocab, mr);
-    dx_a_ = loom::buffer<T>(n * d, mr);
-    dx_b_ = loom::buffer<T>(n * d, mr);
+    dresid_ = loom::buffer<T>(n * d, mr);
     tokens_ = loom::buffer<std::int32_t>(n, mr);
     targets_ = loom::buffer<std::int32_t>(n, mr);
     batch_ = b, seq_ = s, n_ = n;
@@ -295,24 +291,23 @@ class model {
     add(out.data(), a.h.data(), n * d);
   }
 
-  /// dx = d(block l)/d(resid(l)) given dout = dL/d(resid(l + 1)); parameter grads added.
-  void block_backward(index_t l, block_acts& a, loom::buffer<T>& dout, loom::buffer<T>& dx) {
+  /// dresid_ holds dL/d(resid(l + 1)) on entry and dL/d(resid(l)) on return, updated in place
+  /// (each term is added once the branch that reads the old value is done); parameter grads added.
+  void block_backward(index_t l, block_acts& a) {
     const index_t n = n_, d = cfg_.dim;
     const block& blk = blocks_[l];
     std::span<P> p = params();
     std::span<T> g = grads();
+    auto dr = dresid_.view(n, d);
     // out = h + mlp(ffn_norm(h)):  dh = dout + ffn_norm'(mlp'(dout))
-    std::copy(dout.begin(), dout.end(), dx.begin());  // dx holds dh from here on
     auto dxn2 = ws_.take_zeroed(n * d);
-    blk.feed_forward.backward(p, g, a.xn2.view(n, d), a.mlp, dout.view(n, d), loom::make_view(dxn2.data(), n, d), ws_);
-    blk.ffn_norm.backward(p, g, loom::make_view(dxn2.data(), n, d), a.h.view(n, d), a.rstd2.view(), dx.view(n, d));
+    blk.feed_forward.backward(p, g, a.xn2.view(n, d), a.mlp, dr, loom::make_view(dxn2.data(), n, d), ws_);
+    blk.ffn_norm.backward(p, g, loom::make_view(dxn2.data(), n, d), a.h.view(n, d), a.rstd2.view(), dr);
     // h = x + attention(attention_norm(x)):  dx = dh + attention_norm'(attention'(dh))
-    auto dh = ws_.take(n * d);
-    std::copy(dx.begin(), dx.end(), dh.begin());
     auto dxn1 = ws_.take_zeroed(n * d);
-    blk.attention.backward(p, g, a.xn1.view(batch_, seq_, d), a.attn, loom::make_view(dh.data(), batch_, seq_, d),
+    blk.attention.backward(p, g, a.xn1.view(batch_, seq_, d), a.attn, dresid_.view(batch_, seq_, d),
                            loom::make_view(dxn1.data(), batch_, seq_, d), ws_);
-    blk.attention_norm.backward(p, g, loom::make_view(dxn1.data(), n, d), resid(l), a.rstd1.view(), dx.view(n, d));
+    blk.attention_norm.backward(p, g, loom::make_view(dxn1.data(), n, d), resid(l), a.rstd1.view(), dr);
   }
 
   static void add(T* LOOM_RESTRICT y, const T* LOOM_RESTRICT x, index_t n) {
@@ -339,7 +334,8 @@ class model {
   index_t batch_ = 0, seq_ = 0, n_ = 0;
   loom::nn::block_activations<block_acts> acts_;
   loom::buffer<T> resid_;  // [n_layers + 1, n, dim]: the input of every block, and the last output
-  loom::buffer<T> xf_, rstdf_, logits_, dlogits_, dx_a_, dx_b_;
+  loom::buffer<T> xf_, rstdf_, logits_, dlogits_;
+  loom::buffer<T> dresid_;  // backward: the gradient of the residual stream, from the top block down
   loom::buffer<std::int32_t> tokens_, targets_;
 };
 
