@@ -14,6 +14,7 @@
 #include <loom/nn/parameters.hpp>
 #include <loom/nn/workspace.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -223,6 +224,71 @@ TEST_CASE("SwiGLU and GeLU MLPs: finite differences") {
   const nn::gelu_mlp<double> gelu(lg, "mlp", dim, hidden, ops::gelu_approx::tanh);
   check_mlp(ls, swiglu, n, dim, 13, "swiglu_mlp");
   check_mlp(lg, gelu, n, dim, 16, "gelu_mlp");
+}
+
+namespace {
+/// backward(dx, accumulate) with accumulate = false into a NaN-filled dx, after the workspace
+/// was filled with NaN (buffers the layer takes and writes, not zeroes, start as garbage),
+/// must give the dx and the parameter gradients of accumulate = true into zeros.
+template <class Bwd>
+void check_write_equals_add(std::size_t params, std::size_t dx_size, nn::workspace<double>& ws, Bwd bwd, const char* name) {
+  INFO(name);
+  vec g_add(params, 0.0), dx_add(dx_size, 0.0), g_write(params, 0.0), dx_write(dx_size, std::nan(""));
+  bwd(g_add, dx_add, true);
+  ws.reset();
+  auto junk = ws.take(ws.capacity());
+  std::fill(junk.begin(), junk.end(), std::nan(""));
+  ws.reset();
+  bwd(g_write, dx_write, false);
+  ws.reset();
+  CHECK(dx_write == dx_add);  // NaN anywhere fails
+  CHECK(g_write == g_add);
+}
+}  // namespace
+
+TEST_CASE("backward with accumulate = false writes dx: linear, linear group, attention (GQA, prefix-LM), MLPs") {
+  const index_t n = 6, in = 8;
+  nn::workspace<double> ws;
+  vec x = random_vector(n * in, 40);
+  {
+    nn::param_layout L(1);
+    nn::linear<double> a(L, "a", in, 5, true), b(L, "b", in, 3);
+    vec p = random_vector(L.size(), 41), r1 = random_vector(n * 5, 42), r2 = random_vector(n * 3, 43);
+    check_write_equals_add(L.size(), x.size(), ws, [&](vec& g, vec& dx, bool acc) {
+      a.backward(std::span(p), std::span(g), make_view(as_const(x).data(), n, in), make_view(as_const(r1).data(), n, 5),
+                 make_view(dx.data(), n, in), ws, acc);
+    }, "linear");
+    check_write_equals_add(L.size(), x.size(), ws, [&](vec& g, vec& dx, bool acc) {
+      nn::linear<double>::backward_all(std::span(p), std::span(g), make_view(as_const(x).data(), n, in),
+                                       {{&a, make_view(as_const(r1).data(), n, 5)}, {&b, make_view(as_const(r2).data(), n, 3)}},
+                                       make_view(dx.data(), n, in), ws, acc);
+    }, "linear group");
+  }
+  {
+    const index_t b = 2, s = n / 2;
+    nn::param_layout L(1);
+    nn::attention<double> att(L, "attn", {in, 4, 2, 8, 10000.0, ops::rope_style::interleaved, {2}, false});
+    auto acts = att.make_activations(b, s);
+    vec p = random_vector(L.size(), 44, 0.5), y(x.size()), r = random_vector(x.size(), 45);
+    att.forward(std::span(p), make_view(as_const(x).data(), b, s, in), acts, make_view(y.data(), b, s, in), ws);
+    check_write_equals_add(L.size(), x.size(), ws, [&](vec& g, vec& dx, bool acc) {
+      att.backward(std::span(p), std::span(g), make_view(as_const(x).data(), b, s, in), acts,
+                   make_view(as_const(r).data(), b, s, in), make_view(dx.data(), b, s, in), ws, acc);
+    }, "attention");
+  }
+  auto mlp = [&](const nn::param_layout& L, const auto& m, std::uint64_t seed, const char* name) {
+    auto acts = m.make_activations(n);
+    vec p = random_vector(L.size(), seed), y(x.size()), r = random_vector(x.size(), seed + 1);
+    ws.reset();
+    m.forward(std::span(p), make_view(as_const(x).data(), n, in), acts, make_view(y.data(), n, in), ws);
+    check_write_equals_add(L.size(), x.size(), ws, [&](vec& g, vec& dx, bool acc) {
+      m.backward(std::span(p), std::span(g), make_view(as_const(x).data(), n, in), acts, make_view(as_const(r).data(), n, in),
+                 make_view(dx.data(), n, in), ws, acc);
+    }, name);
+  };
+  nn::param_layout ls(1), lg(1);
+  mlp(ls, nn::swiglu_mlp<double>(ls, "ff", in, 12), 46, "swiglu_mlp");
+  mlp(lg, nn::gelu_mlp<double>(lg, "mlp", in, 12), 48, "gelu_mlp");
 }
 
 TEST_CASE("embedding + cross-entropy layers: finite differences through a tiny classifier") {

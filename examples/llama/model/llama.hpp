@@ -202,9 +202,9 @@ class model {
     std::span<T> g = grads();
     loss_.backward(logits2(), targets_view(), loom::make_view(dlogits_.data(), n, cfg_.vocab), dloss, /*accumulate=*/false);
     ws_.reset();
-    auto dxf = ws_.take_zeroed(n * d);
+    auto dxf = ws_.take(n * d);
     output_.backward(p, g, xf_.view(n, d), loom::make_view(dlogits_.data(), n, cfg_.vocab), loom::make_view(dxf.data(), n, d),
-                     ws_);
+                     ws_, /*accumulate=*/false);
     loom::ops::fill(loom::host{}, dresid_.view(), T(0));
     norm_.backward(p, g, loom::make_view(dxf.data(), n, d), resid(cfg_.n_layers), rstdf_.view(), dresid_.view(n, d));
     for (index_t l = cfg_.n_layers; l-- > 0;) {
@@ -300,13 +300,13 @@ class model {
     std::span<T> g = grads();
     auto dr = dresid_.view(n, d);
     // out = h + mlp(ffn_norm(h)):  dh = dout + ffn_norm'(mlp'(dout))
-    auto dxn2 = ws_.take_zeroed(n * d);
-    blk.feed_forward.backward(p, g, a.xn2.view(n, d), a.mlp, dr, loom::make_view(dxn2.data(), n, d), ws_);
+    auto dxn2 = ws_.take(n * d);  // written by the branch's backward, not added into
+    blk.feed_forward.backward(p, g, a.xn2.view(n, d), a.mlp, dr, loom::make_view(dxn2.data(), n, d), ws_, false);
     blk.ffn_norm.backward(p, g, loom::make_view(dxn2.data(), n, d), a.h.view(n, d), a.rstd2.view(), dr);
     // h = x + attention(attention_norm(x)):  dx = dh + attention_norm'(attention'(dh))
-    auto dxn1 = ws_.take_zeroed(n * d);
+    auto dxn1 = ws_.take(n * d);
     blk.attention.backward(p, g, a.xn1.view(batch_, seq_, d), a.attn, dresid_.view(batch_, seq_, d),
-                           loom::make_view(dxn1.data(), batch_, seq_, d), ws_);
+                           loom::make_view(dxn1.data(), batch_, seq_, d), ws_, false);
     blk.attention_norm.backward(p, g, loom::make_view(dxn1.data(), n, d), resid(l), a.rstd1.view(), dr);
   }
 

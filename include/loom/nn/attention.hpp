@@ -89,22 +89,23 @@ class attention {
     wo_.forward(params, a.out.view(n, wo_.in_features()), y.template reshape<2>({n, cfg_.dim}), ws);
   }
 
-  /// dx += d/dx; parameter gradients added into `grads`.
+  /// dx += d/dx (dx = d/dx when !accumulate); parameter gradients added into `grads`.
   template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 3> x, const activations& a, in_view<T, 3> dy,
-                tensor_view<T, host, 3> dx, workspace<T>& ws) const {
+                tensor_view<T, host, 3> dx, workspace<T>& ws, bool accumulate = true) const {
     const index_t b = x.extent(0), s = x.extent(1), n = b * s, hd = cfg_.head_dim();
     check(x, a);
     auto x2 = x.template reshape<2>({n, cfg_.dim});
-    auto dout = ws.take_zeroed(n * cfg_.n_heads * hd);
+    auto dout = ws.take(n * cfg_.n_heads * hd);  // every gradient buffer here is written, not added into
     wo_.backward(params, grads, make_view(a.out.data(), n, wo_.in_features()), dy.template reshape<2>({n, cfg_.dim}),
-                 make_view(dout.data(), n, wo_.in_features()), ws);
-    auto dq = ws.take_zeroed(a.q.size()), dk = ws.take_zeroed(a.k.size()), dv = ws.take_zeroed(a.v.size());
+                 make_view(dout.data(), n, wo_.in_features()), ws, /*accumulate=*/false);
+    auto dq = ws.take(a.q.size()), dk = ws.take(a.k.size()), dv = ws.take(a.v.size());
     auto scratch = ws.take(s * s);
     auto dq4 = make_view(dq.data(), b, s, cfg_.n_heads, hd), dk4 = make_view(dk.data(), b, s, cfg_.n_kv_heads, hd);
     ops::attention_backward(host{}, make_view(dout.data(), b, s, cfg_.n_heads, hd), q4(a), kv4(a, a.k), kv4(a, a.v),
                             make_view(a.probs.data(), b, cfg_.n_heads, s, s), dq4, dk4,
-                            make_view(dv.data(), b, s, cfg_.n_kv_heads, hd), make_view(scratch.data(), s, s), cfg_.mask);
+                            make_view(dv.data(), b, s, cfg_.n_kv_heads, hd), make_view(scratch.data(), s, s), cfg_.mask,
+                            /*accumulate=*/false);
     rope_.backward(dq4);
     rope_.backward(dk4);
     auto dx2 = dx.template reshape<2>({n, cfg_.dim});
@@ -112,7 +113,7 @@ class attention {
                             {{&wq_, make_view(as_const(dq).data(), n, wq_.out_features())},
                              {&wk_, make_view(as_const(dk).data(), n, wk_.out_features())},
                              {&wv_, make_view(as_const(dv).data(), n, wv_.out_features())}},
-                            dx2, ws);
+                            dx2, ws, accumulate);
   }
 
  private:

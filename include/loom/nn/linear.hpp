@@ -3,7 +3,8 @@
 //
 // Parameters are read from the model's flat parameter buffer through slots; gradients are
 // ADDED into the flat gradient buffer (callers zero it once per accumulation window), and
-// dx is added into (so residual branches sum without copies). Weights stored in 16 bits are
+// dx is added into (so residual branches sum without copies), or written with
+// accumulate = false (no zero pass over a fresh workspace buffer first). Weights stored in 16 bits are
 // widened into the workspace before the GEMM. A linear built from an existing slot shares
 // the weight (tied embedding / output projection) and adds its gradient into the same place.
 
@@ -17,6 +18,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace loom::nn {
@@ -58,11 +60,12 @@ class linear {
     forward_all(params, x, {{this, y}}, ws);
   }
 
-  /// dW += dy^T x, db += sum_rows dy, dx += dy W (skipped when dx is empty).
+  /// dW += dy^T x, db += sum_rows dy, dx += dy W (dx = dy W when !accumulate; skipped when dx
+  /// is empty).
   template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, in_view<T, 2> dy, tensor_view<T, host, 2> dx,
-                workspace<T>& ws) const {
-    backward_all(params, grads, x, {{this, dy}}, dx, ws);
+                workspace<T>& ws, bool accumulate = true) const {
+    backward_all(params, grads, x, {{this, dy}}, dx, ws, accumulate);
   }
 
   /// A layer and its output (forward_all) or its output's gradient (backward_all).
@@ -99,17 +102,19 @@ class linear {
   }
 
   /// Backward of forward_all: dW_i += dy_i^T x, db_i += sum_rows dy_i, and dx += sum_i dy_i W_i
-  /// (added in list order; skipped when dx is empty), all GEMMs as one ops::gemm_batch.
+  /// (added in list order; dx = ... when !accumulate; skipped when dx is empty), all GEMMs as
+  /// one ops::gemm_batch.
   template <ops::param_type P>
   static void backward_all(std::span<P> params, std::span<T> grads, in_view<T, 2> x, std::initializer_list<output_grad> dys,
-                           tensor_view<T, host, 2> dx, workspace<T>& ws) {
+                           tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true) {
     std::vector<ops::gemm_op<T>> g;
+    T dx_beta = accumulate ? T(1) : T(0);  // the first dx product writes when !accumulate, later ones add
     for (const auto& d : dys) {
       d.layer->check(x, "x");
       LOOM_CHECK(d.dy.extent(0) == x.extent(0) && d.dy.extent(1) == d.layer->out_features(), "nn::linear: dy has shape ",
                  ops::detail::str(d.dy.shape()), ", expected [", x.extent(0), ", ", d.layer->out_features(), "]");
       g.push_back({d.dy.transpose(0, 1), x, d.layer->weight_.in(grads), T(1), T(1)});
-      if (!dx.empty()) g.push_back({d.dy, weights_as<T>(d.layer->weight_, params, ws), dx, T(1), T(1)});
+      if (!dx.empty()) g.push_back({d.dy, weights_as<T>(d.layer->weight_, params, ws), dx, T(1), std::exchange(dx_beta, T(1))});
     }
     ops::gemm_batch(host{}, std::span<const ops::gemm_op<T>>(g));
     for (const auto& d : dys) {

@@ -43,18 +43,18 @@ class swiglu_mlp {
     w2_.forward(params, a.hidden.view(n, f), y, ws);
   }
 
-  /// dx += d/dx; parameter gradients added into `grads`.
+  /// dx += d/dx (dx = d/dx when !accumulate); parameter gradients added into `grads`.
   template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
-                tensor_view<T, host, 2> dx, workspace<T>& ws) const {
+                tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true) const {
     const index_t n = rows(x, a), f = hidden_dim();
-    auto dh = ws.take_zeroed(n * f), dg = ws.take(n * f), du = ws.take(n * f);  // dg, du: written, not added
-    w2_.backward(params, grads, make_view(a.hidden.data(), n, f), dy, make_view(dh.data(), n, f), ws);
+    auto dh = ws.take(n * f), dg = ws.take(n * f), du = ws.take(n * f);  // written, not added into
+    w2_.backward(params, grads, make_view(a.hidden.data(), n, f), dy, make_view(dh.data(), n, f), ws, /*accumulate=*/false);
     ops::swiglu_backward(host{}, make_view(dh.data(), n * f), a.gate.view(), a.up.view(), make_view(dg.data(), n * f),
                          make_view(du.data(), n * f), /*accumulate=*/false);
     linear<T>::backward_all(params, grads, x,
                             {{&w1_, make_view(as_const(dg).data(), n, f)}, {&w3_, make_view(as_const(du).data(), n, f)}}, dx,
-                            ws);
+                            ws, accumulate);
   }
 
  private:
@@ -95,14 +95,15 @@ class gelu_mlp {
     proj_.forward(params, a.hidden.view(n, f), y, ws);
   }
 
+  /// dx += d/dx (dx = d/dx when !accumulate); parameter gradients added into `grads`.
   template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
-                tensor_view<T, host, 2> dx, workspace<T>& ws) const {
+                tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true) const {
     const index_t n = rows(x, a), f = hidden_dim();
-    auto dh = ws.take_zeroed(n * f), dp = ws.take_zeroed(n * f);
-    proj_.backward(params, grads, make_view(a.hidden.data(), n, f), dy, make_view(dh.data(), n, f), ws);
+    auto dh = ws.take(n * f), dp = ws.take_zeroed(n * f);  // dh written; gelu_backward adds into dp
+    proj_.backward(params, grads, make_view(a.hidden.data(), n, f), dy, make_view(dh.data(), n, f), ws, /*accumulate=*/false);
     ops::gelu_backward(host{}, make_view(dh.data(), n * f), a.pre.view(), make_view(dp.data(), n * f), approx_);
-    fc_.backward(params, grads, x, make_view(dp.data(), n, f), dx, ws);
+    fc_.backward(params, grads, x, make_view(dp.data(), n, f), dx, ws, accumulate);
   }
 
  private:

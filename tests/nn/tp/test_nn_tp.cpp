@@ -207,15 +207,19 @@ TEST_CASE("vocab-parallel cross-entropy equals the full one and never holds full
   }
 }
 
-TEST_CASE("parallel attention equals nn::attention, GQA heads split or replicated") {
-  const index_t b = 2, s = 5, d = 16;
-  struct cse { index_t heads, kv; };
-  for (cse k : {cse{4, 4}, cse{4, 2}, cse{4, 1}}) {
+TEST_CASE("parallel attention equals nn::attention, GQA heads split or replicated, causal and prefix-LM") {
+  const index_t b = 2, d = 16;
+  // the prefix-LM case: 70 positions, the first 66 bidirectional, so the first 64-row query
+  // tile sees 2 keys past its rows (a backward run under the causal mask would skip them)
+  struct cse { index_t heads, kv, prefix, s; };
+  for (cse k : {cse{4, 4, 0, 5}, cse{4, 2, 0, 5}, cse{4, 1, 0, 5}, cse{4, 2, 66, 70}}) {
+    const index_t s = k.s;
     for (int t : {1, 2, 4}) {
       CAPTURE(k.heads);
       CAPTURE(k.kv);
+      CAPTURE(k.prefix);
       CAPTURE(t);
-      const loom::nn::attention_config ac{d, k.heads, k.kv, 8, 10000.0, loom::ops::rope_style::interleaved, {}, false};
+      const loom::nn::attention_config ac{d, k.heads, k.kv, s, 10000.0, loom::ops::rope_style::interleaved, {k.prefix}, false};
       full_model f;
       loom::nn::attention<T> att(f.layout, "attn", ac);
       f.finish(7);

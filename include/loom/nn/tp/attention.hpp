@@ -124,24 +124,25 @@ class parallel_attention {
       std::copy_n(wk_.weight().in(grads).data(), kvn, kv_before.data());
       std::copy_n(wv_.weight().in(grads).data(), kvn, kv_before.data() + kvn);
     }
-    auto dout = ws.take_zeroed(n * split_.heads * hd);
+    auto dout = ws.take(n * split_.heads * hd);  // the gradient buffers here are written, not added into
     wo_.backward(params, grads, make_view(a.out.data(), n, wo_.in_features()), dy.template reshape<2>({n, cfg_.dim}),
-                 make_view(dout.data(), n, wo_.in_features()), ws);
-    auto dq = ws.take_zeroed(a.q.size()), dk = ws.take_zeroed(a.k.size()), dv = ws.take_zeroed(a.v.size());
+                 make_view(dout.data(), n, wo_.in_features()), ws, /*accumulate=*/false);
+    auto dq = ws.take(a.q.size()), dk = ws.take(a.k.size()), dv = ws.take(a.v.size());
     auto scratch = ws.take(s * s);
     auto dq4 = make_view(dq.data(), b, s, split_.heads, hd), dk4 = make_view(dk.data(), b, s, split_.kv_heads, hd);
     ops::attention_backward(host{}, make_view(dout.data(), b, s, split_.heads, hd), q4(a), kv4(a, a.k), kv4(a, a.v),
                             make_view(a.probs.data(), b, split_.heads, s, s), dq4, dk4,
-                            make_view(dv.data(), b, s, split_.kv_heads, hd), make_view(scratch.data(), s, s));
+                            make_view(dv.data(), b, s, split_.kv_heads, hd), make_view(scratch.data(), s, s), cfg_.mask,
+                            /*accumulate=*/false);
     rope_.backward(dq4);
     rope_.backward(dk4);
-    auto part = ws.take_zeroed(static_cast<std::size_t>(n * cfg_.dim));  // this rank's part of dx
+    auto part = ws.take(static_cast<std::size_t>(n * cfg_.dim));  // this rank's part of dx
     auto dx2 = make_view(part.data(), n, cfg_.dim);
     linear<T>::backward_all(params, grads, x2,
                             {{&wq_, make_view(as_const(dq).data(), n, wq_.out_features())},
                              {&wk_, make_view(as_const(dk).data(), n, wk_.out_features())},
                              {&wv_, make_view(as_const(dv).data(), n, wv_.out_features())}},
-                            dx2, ws);
+                            dx2, ws, /*accumulate=*/false);
     if (split_.kv_replicas > 1) sum_kv_replicas(tp, grads, kv_before, ws);
     copy_to_tensor_parallel_backward(tp, part.subspan(0, static_cast<std::size_t>(n * cfg_.dim)));
     add_into(dx.template reshape<2>({n, cfg_.dim}), std::span<const T>(part.data(), static_cast<std::size_t>(n * cfg_.dim)));

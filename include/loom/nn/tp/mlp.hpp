@@ -51,8 +51,8 @@ class parallel_swiglu_mlp {
   void backward(C& tp, std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
                 tensor_view<T, host, 2> dx, workspace<T>& ws) const {
     const auto nd = static_cast<std::size_t>(x.numel());
-    auto part = ws.take_zeroed(nd);
-    local_.backward(params, grads, x, a, dy, make_view(part.data(), x.extent(0), x.extent(1)), ws);
+    auto part = ws.take(nd);  // written by the local backward
+    local_.backward(params, grads, x, a, dy, make_view(part.data(), x.extent(0), x.extent(1)), ws, /*accumulate=*/false);
     copy_to_tensor_parallel_backward(tp, part.subspan(0, nd));
     add_into(dx, std::span<const T>(part.data(), nd));
   }

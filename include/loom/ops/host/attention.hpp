@@ -115,12 +115,15 @@ inline void attention_forward(host, in_view<T, 4> q, in_view<T, 4> k, in_view<T,
   });
 }
 
-/// dq, dk, dv += gradients of attention given dout; scratch: [seq, seq] workspace of the calling
-/// thread (pool threads use a thread-local one of the same size); mask as in forward.
+/// dq, dk, dv += gradients of attention given dout (dq, dk, dv = ... when !accumulate: each
+/// part zeroes its heads' slices just before adding into them, no pass over the whole
+/// buffers first); scratch: [seq, seq] workspace of the calling thread (pool threads use a
+/// thread-local one of the same size); mask as in forward.
 template <compute_type T>
 inline void attention_backward(host, in_view<T, 4> dout, in_view<T, 4> q, in_view<T, 4> k, in_view<T, 4> v,
                                in_view<T, 4> probs, tensor_view<T, host, 4> dq, tensor_view<T, host, 4> dk,
-                               tensor_view<T, host, 4> dv, tensor_view<T, host, 2> scratch, attention_mask mask = {}) {
+                               tensor_view<T, host, 4> dv, tensor_view<T, host, 2> scratch, attention_mask mask = {},
+                               bool accumulate = true) {
   const char* fn = "ops::attention_backward";
   const auto d = detail::check_attention(q, k, v, dout, fn);
   detail::require_shape(probs, extents<4>{d.b, d.h, d.s, d.s}, fn, "probs");
@@ -147,6 +150,12 @@ inline void attention_backward(host, in_view<T, 4> dout, in_view<T, 4> q, in_vie
         const index_t bi = pair / d.kvh;
         const auto hv = detail::head_views(q, k, v, dout, bi, hi, d);
         const auto gv = detail::head_views(dq, dk, dv, dout, bi, hi, d);
+        if (!accumulate) {  // this head's dq rows, and the kv head's dk, dv rows with its first head
+          for (index_t t = 0; t < d.s; ++t) {
+            std::fill_n(&gv.q(t, 0), d.hd, T(0));
+            if (hi % d.group == 0) std::fill_n(&gv.k(t, 0), d.hd, T(0)), std::fill_n(&gv.v(t, 0), d.hd, T(0));
+          }
+        }
         const T* pp = probs.data() + (bi * d.h + hi) * d.s * d.s;
         for (index_t r0 = 0; r0 < d.s; r0 += attention_tile) {
           const index_t r1 = std::min(d.s, r0 + attention_tile), vis = mask.visible(r1 - 1, d.s);
