@@ -10,8 +10,9 @@ and the same LLaMA and batch in PyTorch (an ordinary nn.Module, autograd, fp32).
 implementation runs in its own process with OPENBLAS_NUM_THREADS / OMP_NUM_THREADS set (and
 the environment below that suits it best), the
 best of --steps timed steps after one warm-up step; loom and PyTorch processes alternate
---repeat times per model (loom, torch, loom, torch, ...) and each keeps its best, so a busy
-moment of a shared machine hits both sides alike. Prints a Markdown table.
+--repeat times per model (loom, torch, loom, torch, ...; the repeats go round the models) and
+each keeps its best, so a busy moment of a shared machine hits both sides alike. Prints a
+Markdown table.
 """
 import argparse
 import json
@@ -154,25 +155,26 @@ if __name__ == "__main__":
         sys.exit(0)
 
     t = args.threads
-    # sgemm peak: the best of measurements taken before every model, so a busy moment on a
-    # shared machine does not lower the bar the model is compared against.
+    # sgemm peak: the best of measurements taken before every model run, so a busy moment on a
+    # shared machine does not lower the bar the models are compared against. The repeats go
+    # round the models (tiny, small, medium, tiny, ...), so each model's runs are spread over
+    # the whole benchmark instead of one stretch of it that a busy minute could cover.
     sgemm = run([args.binary, "--sgemm", "1024"], t, LOOM_ENV)["sgemm_gflops"]
-    rows = []
-    for name, dim, layers, heads, kv, hidden, vocab, seq, batch in SIZES:
-        if name not in args.sizes.split(","):
-            continue
-        shape = [dim, layers, heads, kv, hidden, vocab, seq, batch]
-        loom = torch_r = None
-        for _ in range(max(1, args.repeat)):
+    sizes = [s for s in SIZES if s[0] in args.sizes.split(",")]
+    best = {}  # name -> (loom, torch) best results so far
+    for _ in range(max(1, args.repeat)):
+        for name, dim, layers, heads, kv, hidden, vocab, seq, batch in sizes:
+            shape = [dim, layers, heads, kv, hidden, vocab, seq, batch]
             sgemm = max(sgemm, run([args.binary, "--sgemm", "1024"], t, LOOM_ENV)["sgemm_gflops"])
             l = run([args.binary, "--dim", str(dim), "--layers", str(layers), "--heads", str(heads), "--kv-heads",
                      str(kv), "--hidden", str(hidden), "--vocab", str(vocab), "--seq", str(seq), "--batch",
                      str(batch), "--steps", str(args.steps)], t, LOOM_ENV)
             r = run([sys.executable, __file__, "--binary", args.binary, "--threads", str(t), "--steps",
                      str(args.steps), "--torch-worker"] + [str(x) for x in shape], t, TORCH_ENV)
-            loom = l if loom is None or l["tokens_per_s"] > loom["tokens_per_s"] else loom
-            torch_r = r if torch_r is None or r["tokens_per_s"] > torch_r["tokens_per_s"] else torch_r
-        rows.append((name, shape, loom, torch_r))
+            loom, torch_r = best.get(name, (l, r))
+            best[name] = (l if l["tokens_per_s"] > loom["tokens_per_s"] else loom,
+                          r if r["tokens_per_s"] > torch_r["tokens_per_s"] else torch_r)
+    rows = [(s[0], list(s[1:]), *best[s[0]]) for s in sizes]
     sgemm = max(sgemm, run([args.binary, "--sgemm", "1024"], t, LOOM_ENV)["sgemm_gflops"])
     print("threads: %d, sgemm (n=1024, best of the run, on OpenBLAS's threads or split over loom's): %.1f GFLOP/s\n" % (t, sgemm))
     print("| model | params | tokens/step | loom tok/s | PyTorch tok/s | loom / PyTorch | loom GFLOP/s | of sgemm |")
