@@ -51,6 +51,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace llama {
@@ -180,7 +181,8 @@ class model {
   /// Logits of `tokens` [batch, seq]; no loss (backward is not available after this).
   void forward(loom::tensor_view<const std::int32_t, loom::host, 2> tokens) { run_forward(tokens); }
 
-  /// Mean cross-entropy of predicting `targets` [batch, seq] (entries -100 are ignored).
+  /// Mean cross-entropy of predicting `targets` [batch, seq] (entries -100 are ignored); its
+  /// gradient with respect to the logits is made in the same pass over them, for backward.
   T forward(loom::tensor_view<const std::int32_t, loom::host, 2> tokens,
             loom::tensor_view<const std::int32_t, loom::host, 2> targets) {
     LOOM_CHECK(targets.shape() == tokens.shape(), "llama::model::forward: targets are [", targets.extent(0), ", ",
@@ -188,7 +190,7 @@ class model {
     run_forward(tokens);
     std::copy_n(targets.data(), n_, targets_.data());
     has_targets_ = true;
-    return loss_.forward(logits2(), targets_view());
+    return loss_.forward_backward(logits2(), targets_view(), loom::make_view(dlogits_.data(), n_, cfg_.vocab));
   }
 
   /// [batch, seq, vocab] logits of the last forward.
@@ -200,11 +202,10 @@ class model {
     const index_t n = n_, d = cfg_.dim;
     std::span<P> p = params();
     std::span<T> g = grads();
-    loss_.backward(logits2(), targets_view(), loom::make_view(dlogits_.data(), n, cfg_.vocab), dloss, /*accumulate=*/false);
     ws_.reset();
-    auto dxf = ws_.take(n * d);
-    output_.backward(p, g, xf_.view(n, d), loom::make_view(dlogits_.data(), n, cfg_.vocab), loom::make_view(dxf.data(), n, d),
-                     ws_, /*accumulate=*/false);
+    auto dxf = ws_.take(n * d);  // dlogits (made by forward) hold d(loss)/d(logits): dloss is the GEMMs' alpha
+    output_.backward(p, g, xf_.view(n, d), loom::make_view(std::as_const(dlogits_).data(), n, cfg_.vocab),
+                     loom::make_view(dxf.data(), n, d), ws_, /*accumulate=*/false, dloss);
     loom::ops::fill(loom::host{}, dresid_.view(), T(0));
     norm_.backward(p, g, loom::make_view(dxf.data(), n, d), resid(cfg_.n_layers), rstdf_.view(), dresid_.view(n, d));
     for (index_t l = cfg_.n_layers; l-- > 0;) {

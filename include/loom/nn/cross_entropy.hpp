@@ -19,6 +19,13 @@ class cross_entropy {
     if (lse_.size() < static_cast<std::size_t>(logits.extent(0))) lse_ = buffer<T>(logits.extent(0));
     return ops::cross_entropy_forward(host{}, logits, targets, lse(logits.extent(0)), opt_);
   }
+  /// forward and dlogits = d(mean loss)/dlogits (dloss = 1) in one pass over the logits
+  /// (ops::cross_entropy_forward_backward); backward is then not needed.
+  template <class Tgt>
+  T forward_backward(ops::in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets, tensor_view<T, host, 2> dlogits) {
+    if (lse_.size() < static_cast<std::size_t>(logits.extent(0))) lse_ = buffer<T>(logits.extent(0));
+    return ops::cross_entropy_forward_backward(host{}, logits, targets, lse(logits.extent(0)), dlogits, opt_);
+  }
   /// dlogits += dloss * d(mean loss)/dlogits for the logits of the last forward (dlogits = ...
   /// when !accumulate: the caller need not zero it first).
   template <class Tgt>

@@ -61,11 +61,12 @@ class linear {
   }
 
   /// dW += dy^T x, db += sum_rows dy, dx += dy W (dx = dy W when !accumulate; skipped when dx
-  /// is empty).
+  /// is empty); every term times `dy_scale` when given (the gradient of dy_scale * dy, without
+  /// a pass that scales dy).
   template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, in_view<T, 2> dy, tensor_view<T, host, 2> dx,
-                workspace<T>& ws, bool accumulate = true) const {
-    backward_all(params, grads, x, {{this, dy}}, dx, ws, accumulate);
+                workspace<T>& ws, bool accumulate = true, T dy_scale = T(1)) const {
+    backward_all(params, grads, x, {{this, dy}}, dx, ws, accumulate, dy_scale);
   }
 
   /// A layer and its output (forward_all) or its output's gradient (backward_all).
@@ -103,18 +104,19 @@ class linear {
 
   /// Backward of forward_all: dW_i += dy_i^T x, db_i += sum_rows dy_i, and dx += sum_i dy_i W_i
   /// (added in list order; dx = ... when !accumulate; skipped when dx is empty), all GEMMs as
-  /// one ops::gemm_batch.
+  /// one ops::gemm_batch; every term times dy_scale (as the GEMMs' alpha).
   template <ops::param_type P>
   static void backward_all(std::span<P> params, std::span<T> grads, in_view<T, 2> x, std::initializer_list<output_grad> dys,
-                           tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true) {
+                           tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true, T dy_scale = T(1)) {
     std::vector<ops::gemm_op<T>> g;
     T dx_beta = accumulate ? T(1) : T(0);  // the first dx product writes when !accumulate, later ones add
     for (const auto& d : dys) {
       d.layer->check(x, "x");
       LOOM_CHECK(d.dy.extent(0) == x.extent(0) && d.dy.extent(1) == d.layer->out_features(), "nn::linear: dy has shape ",
                  ops::detail::str(d.dy.shape()), ", expected [", x.extent(0), ", ", d.layer->out_features(), "]");
-      g.push_back({d.dy.transpose(0, 1), x, d.layer->weight_.in(grads), T(1), T(1)});
-      if (!dx.empty()) g.push_back({d.dy, weights_as<T>(d.layer->weight_, params, ws), dx, T(1), std::exchange(dx_beta, T(1))});
+      g.push_back({d.dy.transpose(0, 1), x, d.layer->weight_.in(grads), dy_scale, T(1)});
+      if (!dx.empty())
+        g.push_back({d.dy, weights_as<T>(d.layer->weight_, params, ws), dx, dy_scale, std::exchange(dx_beta, T(1))});
     }
     ops::gemm_batch(host{}, std::span<const ops::gemm_op<T>>(g));
     for (const auto& d : dys) {
@@ -123,7 +125,7 @@ class linear {
       for (index_t r = 0; r < d.dy.extent(0); ++r) {
         const T* gr = &d.dy(r, 0);
         LOOM_SIMD
-        for (index_t j = 0; j < d.layer->out_features(); ++j) db(j) += gr[j];
+        for (index_t j = 0; j < d.layer->out_features(); ++j) db(j) += dy_scale * gr[j];
       }
     }
   }

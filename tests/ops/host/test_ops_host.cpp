@@ -453,6 +453,16 @@ TEST_CASE("cross-entropy: mean over non-ignored targets, backward by finite diff
   ops::cross_entropy_backward(host{}, make_view(logits.data(), n, v), make_view(tgt.data(), n), make_view(lse.data(), n),
                               make_view(over.data(), n, v), 1.0, {}, /*accumulate=*/false);
   for (std::size_t i = 0; i < dl.size(); ++i) CHECK(over[i] == doctest::Approx(dl[i]).epsilon(1e-14));  // libm vs vector exp
+  // forward_backward: forward's loss and lse, and dlogits written whole (7s before), equal to
+  // the finite-difference-checked gradient above.
+  const double loss_now = fwd();
+  vec lse2(n), fb(n * v, 7.0);
+  const double loss2 = ops::cross_entropy_forward_backward(host{}, make_view(as_const(logits).data(), n, v),
+                                                           make_view(tgt.data(), n), make_view(lse2.data(), n),
+                                                           make_view(fb.data(), n, v));
+  CHECK(loss2 == loss_now);
+  CHECK(lse2 == lse);
+  for (std::size_t i = 0; i < dl.size(); ++i) CHECK(fb[i] == doctest::Approx(dl[i]).epsilon(1e-14));
   tgt[2] = 7;
   try {
     fwd();
@@ -487,7 +497,11 @@ TEST_CASE("host kernels split over the pool give bit-identical results on 1 and 
                                                     make_view(lse.data(), n));
       ops::cross_entropy_backward(host{}, make_view(logits.data(), n, v), make_view(tgt.data(), n), make_view(lse.data(), n),
                                   make_view(dl.data(), n, v), 1.f, {}, false);
-      out.insert(out.end(), {fvec{loss}, lse, dl});
+      fvec lse2(n), fb(n * v);
+      const float loss2 = ops::cross_entropy_forward_backward(host{}, make_view(as_const(logits).data(), n, v),
+                                                              make_view(tgt.data(), n), make_view(lse2.data(), n),
+                                                              make_view(fb.data(), n, v));
+      out.insert(out.end(), {fvec{loss}, lse, dl, fvec{loss2}, lse2, fb});
     }
     {  // swiglu over 150,000 elements
       const index_t n = 150000;

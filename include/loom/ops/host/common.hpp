@@ -54,6 +54,14 @@ inline T load(P p) noexcept {
     return static_cast<T>(p);
 }
 
+/// max(a, b) as a LOOM_SIMD_MAX loop must write it: GCC 12 vectorises `b > a ? b : a` under
+/// `omp simd reduction(max)` but not std::max(a, b) (`a < b ? b : a`), which left every row
+/// maximum (softmax, cross-entropy) scalar. Same result as std::max, NaN b included.
+template <class T>
+LOOM_FORCE_INLINE T max_simd(T a, T b) noexcept {
+  return b > a ? b : a;
+}
+
 /// e^x, vectorisable: for float a Cephes-style range reduction and degree-6 polynomial
 /// (within 2 ulp of expf on [-87, 88]; clamped there, so very negative x gives ~1e-38, not 0),
 /// written with operations compilers vectorise without -ffast-math (libm's expf is not

@@ -35,28 +35,44 @@ inline index_t count_targets(tensor_view<Tgt, host, 1> targets, index_t vocab, s
 }
 }  // namespace detail
 
-/// Mean loss; logits: [rows, vocab]; targets: [rows]; lse: [rows] (saved for backward).
+namespace detail {
+/// Forward (and, when dlogits is given, the gradient of the mean loss) row by row.
 template <compute_type T, class Tgt>
-requires std::integral<std::remove_const_t<Tgt>>
-inline T cross_entropy_forward(host, in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets,
-                               tensor_view<T, host, 1> lse, cross_entropy_options opt = {}) {
-  const char* fn = "ops::cross_entropy_forward";
+inline T cross_entropy_rows(in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets, tensor_view<T, host, 1> lse,
+                            tensor_view<T, host, 2>* dlogits, cross_entropy_options opt, const char* fn) {
   const index_t n = logits.extent(0), v = logits.extent(1);
   detail::require_contiguous(logits, fn, "logits");
   detail::require_shape(targets, extents<1>{n}, fn, "targets");
   detail::require_shape(lse, extents<1>{n}, fn, "lse");
+  if (dlogits) detail::require_contiguous(*dlogits, fn, "dlogits"), detail::require_shape(*dlogits, logits.shape(), fn, "dlogits");
   LOOM_CHECK(v > 0, fn, ": vocabulary size must be > 0, got vocab=", v);
   const index_t count = detail::count_targets(targets, v, opt.ignore_index, fn);
+  const T scale = count ? T(1) / T(count) : T(0);
   detail::parallel_rows(n, detail::rows_grain(v), [&](index_t r0, index_t r1) {
     for (index_t r = r0; r < r1; ++r) {
       const T* x = logits.data() + r * v;
       T mx = x[0];
       LOOM_SIMD_MAX(mx)
-      for (index_t j = 1; j < v; ++j) mx = std::max(mx, x[j]);
+      for (index_t j = 1; j < v; ++j) mx = max_simd(mx, x[j]);
       T sum = 0;
+      if (!dlogits) {
+        LOOM_SIMD_SUM(sum)
+        for (index_t j = 0; j < v; ++j) sum += ops::exp(x[j] - mx);
+        lse(r) = mx + std::log(sum);
+        continue;
+      }
+      T* g = dlogits->data() + r * v;  // exp(x - max) first, scaled to the gradient while the row is in cache
       LOOM_SIMD_SUM(sum)
-      for (index_t j = 0; j < v; ++j) sum += ops::exp(x[j] - mx);
+      for (index_t j = 0; j < v; ++j) {
+        g[j] = ops::exp(x[j] - mx);
+        sum += g[j];
+      }
       lse(r) = mx + std::log(sum);
+      const auto t = static_cast<std::int64_t>(targets(r));
+      const T f = t == opt.ignore_index ? T(0) : scale / sum;
+      LOOM_SIMD
+      for (index_t j = 0; j < v; ++j) g[j] *= f;
+      if (t != opt.ignore_index) g[t] -= scale;
     }
   });
   double total = 0;  // summed in row order: the same on any number of threads
@@ -65,6 +81,28 @@ inline T cross_entropy_forward(host, in_view<T, 2> logits, tensor_view<Tgt, host
     if (t != opt.ignore_index) total += double(lse(r) - logits.data()[r * v + t]);
   }
   return count ? T(total / double(count)) : T(0);
+}
+}  // namespace detail
+
+/// Mean loss; logits: [rows, vocab]; targets: [rows]; lse: [rows] (saved for backward).
+template <compute_type T, class Tgt>
+requires std::integral<std::remove_const_t<Tgt>>
+inline T cross_entropy_forward(host, in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets,
+                               tensor_view<T, host, 1> lse, cross_entropy_options opt = {}) {
+  return detail::cross_entropy_rows<T>(logits, targets, lse, nullptr, opt, "ops::cross_entropy_forward");
+}
+
+/// Forward and backward in one pass over the logits: the mean loss (lse filled, as
+/// cross_entropy_forward) and dlogits = d(mean loss)/dlogits (dloss = 1; written, not added),
+/// each row's gradient made while the row is in cache (one exp per logit instead of one in
+/// forward and one in backward). A caller with dloss != 1 scales what reads dlogits (the
+/// output layer's GEMMs take it as their alpha).
+template <compute_type T, class Tgt>
+requires std::integral<std::remove_const_t<Tgt>>
+inline T cross_entropy_forward_backward(host, in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets,
+                                        tensor_view<T, host, 1> lse, tensor_view<T, host, 2> dlogits,
+                                        cross_entropy_options opt = {}) {
+  return detail::cross_entropy_rows<T>(logits, targets, lse, &dlogits, opt, "ops::cross_entropy_forward_backward");
 }
 
 /// dlogits += d(dloss * mean loss)/dlogits (dlogits = ... when !accumulate); shapes as in forward.

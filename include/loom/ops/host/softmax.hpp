@@ -16,7 +16,7 @@ template <compute_type T>
 inline void softmax_row(const T* x, T* y, index_t n) {
   T mx = x[0];
   LOOM_SIMD_MAX(mx)
-  for (index_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  for (index_t i = 1; i < n; ++i) mx = max_simd(mx, x[i]);
   T sum = 0;
   LOOM_SIMD_SUM(sum)
   for (index_t i = 0; i < n; ++i) {
@@ -33,9 +33,10 @@ inline void softmax_row(const T* x, T* y, index_t n) {
 /// causal rows of an attention tile have every length from 1 up; their tile width does not).
 template <compute_type T>
 inline void softmax_row_prefix(T* x, index_t n, index_t width) {
-  T mx = x[0];
+  const T x0 = x[0];  // a local, not x[0] in the loop: GCC 12 then vectorises it
+  T mx = x0;
   LOOM_SIMD_MAX(mx)
-  for (index_t i = 0; i < width; ++i) mx = std::max(mx, i < n ? x[i] : x[0]);
+  for (index_t i = 0; i < width; ++i) mx = max_simd(mx, i < n ? x[i] : x0);
   T sum = 0;
   LOOM_SIMD_SUM(sum)
   for (index_t i = 0; i < width; ++i) {
