@@ -2,17 +2,18 @@
 """Training-step benchmark: loom's reference LLaMA beside PyTorch and OpenBLAS sgemm.
 
 Usage: /usr/bin/python3 benchmarks/train_step/bench_train_step.py \
-           --binary build/benchmarks/train_step/loom-bench-train-step [--threads 2] [--steps 10] [--repeat 3]
+           --binary build/benchmarks/train_step/loom-bench-train-step [--threads 2] [--steps N] [--repeat 3]
 
 For every model size, on the same number of threads and in this one run: sgemm GFLOP/s
-(n = 1024, the practical peak: the better of OpenBLAS and loom's kernel), loom's forward + backward (loom-bench-train-step),
-and the same LLaMA and batch in PyTorch (an ordinary nn.Module, autograd, fp32). Each
-implementation runs in its own process with OPENBLAS_NUM_THREADS / OMP_NUM_THREADS set (and
-the environment below that suits it best), the
-best of --steps timed steps after one warm-up step; loom and PyTorch processes alternate
---repeat times per model (loom, torch, loom, torch, ...; the repeats go round the models) and
-each keeps its best, so a busy moment of a shared machine hits both sides alike. Prints a
-Markdown table.
+(n = 1024, the practical peak: the better of OpenBLAS and loom's kernel), loom's forward +
+backward (loom-bench-train-step), and the same LLaMA and batch in PyTorch (an ordinary
+nn.Module, autograd, fp32). Each implementation runs in its own process with
+OPENBLAS_NUM_THREADS / OMP_NUM_THREADS set (and the environment below that suits it best);
+a process reports its best timed step after one warm-up step (SIZES: 30 of the tiny model's
+~60 ms steps, 10 of the others' 0.3-2 s ones, so every process times at least ~2 s; --steps
+sets one count for all). loom and PyTorch processes alternate --repeat times per model (loom,
+torch, loom, torch, ...; the repeats go round the models) and each keeps its best, so a busy
+moment of a shared machine hits both sides alike. Prints a Markdown table.
 """
 import argparse
 import json
@@ -22,10 +23,10 @@ import subprocess
 import sys
 import time
 
-SIZES = [  # name, dim, layers, heads, kv_heads, hidden, vocab, seq, batch
-    ("tiny", 128, 4, 4, 2, 352, 4096, 128, 8),
-    ("small", 288, 6, 6, 6, 768, 4096, 256, 4),
-    ("medium", 512, 8, 8, 4, 1376, 8192, 256, 4),
+SIZES = [  # name, dim, layers, heads, kv_heads, hidden, vocab, seq, batch, timed steps per process
+    ("tiny", 128, 4, 4, 2, 352, 4096, 128, 8, 30),
+    ("small", 288, 6, 6, 6, 768, 4096, 256, 4, 10),
+    ("medium", 512, 8, 8, 4, 1376, 8192, 256, 4, 10),
 ]
 
 
@@ -142,7 +143,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--binary", required=True, help="path of loom-bench-train-step")
     p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=None, help="timed steps per process (default: per model, SIZES)")
     p.add_argument("--repeat", type=int, default=3, help="alternating loom/PyTorch runs per model; best of each")
     p.add_argument("--sizes", default=",".join(s[0] for s in SIZES))
     p.add_argument("--torch-worker", nargs=8, type=int, help=argparse.SUPPRESS)
@@ -163,18 +164,19 @@ if __name__ == "__main__":
     sizes = [s for s in SIZES if s[0] in args.sizes.split(",")]
     best = {}  # name -> (loom, torch) best results so far
     for _ in range(max(1, args.repeat)):
-        for name, dim, layers, heads, kv, hidden, vocab, seq, batch in sizes:
+        for name, dim, layers, heads, kv, hidden, vocab, seq, batch, size_steps in sizes:
             shape = [dim, layers, heads, kv, hidden, vocab, seq, batch]
+            steps = args.steps or size_steps
             sgemm = max(sgemm, run([args.binary, "--sgemm", "1024"], t, LOOM_ENV)["sgemm_gflops"])
             l = run([args.binary, "--dim", str(dim), "--layers", str(layers), "--heads", str(heads), "--kv-heads",
                      str(kv), "--hidden", str(hidden), "--vocab", str(vocab), "--seq", str(seq), "--batch",
-                     str(batch), "--steps", str(args.steps)], t, LOOM_ENV)
+                     str(batch), "--steps", str(steps)], t, LOOM_ENV)
             r = run([sys.executable, __file__, "--binary", args.binary, "--threads", str(t), "--steps",
-                     str(args.steps), "--torch-worker"] + [str(x) for x in shape], t, TORCH_ENV)
+                     str(steps), "--torch-worker"] + [str(x) for x in shape], t, TORCH_ENV)
             loom, torch_r = best.get(name, (l, r))
             best[name] = (l if l["tokens_per_s"] > loom["tokens_per_s"] else loom,
                           r if r["tokens_per_s"] > torch_r["tokens_per_s"] else torch_r)
-    rows = [(s[0], list(s[1:]), *best[s[0]]) for s in sizes]
+    rows = [(s[0], list(s[1:9]), *best[s[0]]) for s in sizes]
     sgemm = max(sgemm, run([args.binary, "--sgemm", "1024"], t, LOOM_ENV)["sgemm_gflops"])
     print("threads: %d, sgemm (n=1024, best of the run, on OpenBLAS's threads or split over loom's): %.1f GFLOP/s\n" % (t, sgemm))
     print("| model | params | tokens/step | loom tok/s | PyTorch tok/s | loom / PyTorch | loom GFLOP/s | of sgemm |")
