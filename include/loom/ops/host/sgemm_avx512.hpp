@@ -11,8 +11,8 @@
 // elements of one row); B is copied, into 32-column panels
 // (B is the weight or the smaller operand: its copy is 1/M of the multiply-adds). Measured
 // against OpenBLAS 0.3.21's Cooperlake kernel on one Genoa core: 0.93-1.24x on the three
-// benchmark models' GEMMs (1.04-1.24x for 14 of the 15 of the 1.8M-param model), within 2%
-// at n = 1,024; whole training steps 1.005-1.09x (docs/benchmarks.md, "Training step").
+// benchmark models' GEMMs (1.04-1.24x on all 15 of the 1.8M-param model), within 2% at
+// n = 1,024; whole training steps 1.02-1.08x (docs/benchmarks.md, "Training step").
 //
 // Shape of the computation (GotoBLAS's loop order without the A packing):
 //   for each K block of sgemm_kc: for each N block of sgemm_nc: copy B[kblock, nblock] into
