@@ -16,15 +16,13 @@ class cross_entropy {
   /// Mean loss over targets != ignore_index; a target outside [0, vocab) is a loom::error.
   template <class Tgt>
   T forward(ops::in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets) {
-    if (lse_.size() < static_cast<std::size_t>(logits.extent(0))) lse_ = buffer<T>(logits.extent(0));
-    return ops::cross_entropy_forward(host{}, logits, targets, lse(logits.extent(0)), opt_);
+    return ops::cross_entropy_forward(host{}, logits, targets, lse_for(logits.extent(0)), opt_);
   }
   /// forward and dlogits = d(mean loss)/dlogits (dloss = 1) in one pass over the logits
   /// (ops::cross_entropy_forward_backward); backward is then not needed.
   template <class Tgt>
   T forward_backward(ops::in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets, tensor_view<T, host, 2> dlogits) {
-    if (lse_.size() < static_cast<std::size_t>(logits.extent(0))) lse_ = buffer<T>(logits.extent(0));
-    return ops::cross_entropy_forward_backward(host{}, logits, targets, lse(logits.extent(0)), dlogits, opt_);
+    return ops::cross_entropy_forward_backward(host{}, logits, targets, lse_for(logits.extent(0)), dlogits, opt_);
   }
   /// dlogits += dloss * d(mean loss)/dlogits for the logits of the last forward (dlogits = ...
   /// when !accumulate: the caller need not zero it first).
@@ -36,7 +34,11 @@ class cross_entropy {
   const ops::cross_entropy_options& options() const noexcept { return opt_; }
 
  private:
-  tensor_view<T, host, 1> lse(index_t n) { return make_view(lse_.data(), n); }
+  /// The saved log-sum-exp of n rows, grown for a forward of more rows than before.
+  tensor_view<T, host, 1> lse_for(index_t n) {
+    if (lse_.size() < static_cast<std::size_t>(n)) lse_ = buffer<T>(n);
+    return make_view(lse_.data(), n);
+  }
   tensor_view<const T, host, 1> lse(index_t n) const {
     LOOM_CHECK(static_cast<std::size_t>(n) <= lse_.size(), "nn::cross_entropy: backward for ", n,
                " rows before a forward with as many");

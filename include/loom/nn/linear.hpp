@@ -3,8 +3,8 @@
 //
 // Parameters are read from the model's flat parameter buffer through slots; gradients are
 // ADDED into the flat gradient buffer (callers zero it once per accumulation window), and
-// dx is added into (so residual branches sum without copies), or written with
-// accumulate = false (no zero pass over a fresh workspace buffer first). Weights stored in 16 bits are
+// dx is added into (so residual branches sum without copies), or written with accumulate =
+// false (no zero pass over a fresh workspace buffer first). Weights stored in 16 bits are
 // widened into the workspace before the GEMM. A linear built from an existing slot shares
 // the weight (tied embedding / output projection) and adds its gradient into the same place.
 
