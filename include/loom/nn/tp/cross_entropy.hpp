@@ -8,6 +8,8 @@
 //             loss  = mean over counted rows of (m_i + log s_i - z_i)
 //   backward  dlogits_local += (exp(l_ij - lse_i) - [j == target_i]) * dloss / count
 //
+// Rows are split over host_pool() and each row's loops vectorise (ops::exp, ops::max_simd);
+// every row is computed by one thread in one order, so results do not depend on the pool.
 // Targets (replicated on every rank) equal to ignore_index (-100) are skipped; other targets
 // outside [0, V) are a loom::error. The per-row log-sum-exp is kept for backward ([n]); the
 // communication is 3n numbers per forward, independent of the vocabulary.
@@ -41,21 +43,32 @@ class vocab_parallel_cross_entropy {
                " rows of logits");
     LOOM_CHECK(first_ + vl <= vocab_, "nn::tp::vocab_parallel_cross_entropy: columns [", first_, ", ", first_ + vl,
                ") exceed the vocabulary ", vocab_);
+    ops::detail::require_contiguous(logits_local, "nn::tp::vocab_parallel_cross_entropy", "logits_local");
     count_ = ops::detail::count_targets(targets, vocab_, opt_.ignore_index, "nn::tp::vocab_parallel_cross_entropy");
     if (lse_.size() < static_cast<std::size_t>(n)) lse_ = buffer<T>(n, *mr_), red_ = buffer<T>(2 * n, *mr_);
-    for (index_t i = 0; i < n; ++i) {
-      T m = -std::numeric_limits<T>::infinity();
-      for (index_t j = 0; j < vl; ++j) m = std::max(m, logits_local(i, j));
-      lse_[i] = m;
-    }
+    const T* lp = logits_local.data();  // contiguous: row i at lp + i * vl
+    ops::detail::parallel_rows(n, ops::detail::rows_grain(vl), [&](index_t r0, index_t r1) {
+      for (index_t i = r0; i < r1; ++i) {
+        const T* x = lp + i * vl;
+        T m = -std::numeric_limits<T>::infinity();
+        LOOM_SIMD_MAX(m)
+        for (index_t j = 0; j < vl; ++j) m = ops::max_simd(m, x[j]);
+        lse_[i] = m;
+      }
+    });
     tp.all_reduce(std::span<const T>(lse_.data(), n), std::span<T>(lse_.data(), n), comm::reduce_op::max);
-    for (index_t i = 0; i < n; ++i) {
-      double s = 0;
-      for (index_t j = 0; j < vl; ++j) s += std::exp(double(logits_local(i, j)) - double(lse_[i]));
-      red_[2 * i] = T(s);
-      const auto t = static_cast<std::int64_t>(targets(i));
-      red_[2 * i + 1] = (t != opt_.ignore_index && t >= first_ && t < first_ + vl) ? logits_local(i, index_t(t - first_)) : T(0);
-    }
+    ops::detail::parallel_rows(n, ops::detail::rows_grain(vl), [&](index_t r0, index_t r1) {
+      for (index_t i = r0; i < r1; ++i) {
+        const T* x = lp + i * vl;
+        const T m = lse_[i];
+        T s = 0;
+        LOOM_SIMD_SUM(s)
+        for (index_t j = 0; j < vl; ++j) s += ops::exp(x[j] - m);
+        red_[2 * i] = s;
+        const auto t = static_cast<std::int64_t>(targets(i));
+        red_[2 * i + 1] = (t != opt_.ignore_index && t >= first_ && t < first_ + vl) ? x[t - first_] : T(0);
+      }
+    });
     tp.all_reduce(std::span<const T>(red_.data(), 2 * n), std::span<T>(red_.data(), 2 * n), comm::reduce_op::sum);
     double loss = 0;
     for (index_t i = 0; i < n; ++i) {
@@ -72,16 +85,26 @@ class vocab_parallel_cross_entropy {
                 T dloss = T(1)) const {
     const index_t n = logits_local.extent(0), vl = logits_local.extent(1);
     LOOM_CHECK(n == rows_, "nn::tp::vocab_parallel_cross_entropy: backward for ", n, " rows after a forward of ", rows_);
+    const char* fn = "nn::tp::vocab_parallel_cross_entropy::backward";
+    ops::detail::require_contiguous(logits_local, fn, "logits_local");
+    ops::detail::require_contiguous(dlogits_local, fn, "dlogits_local");
+    ops::detail::require_shape(dlogits_local, logits_local.shape(), fn, "dlogits_local");
     if (count_ == 0) return;
     const T scale = dloss / T(count_);
-    for (index_t i = 0; i < n; ++i) {
-      const auto t = static_cast<std::int64_t>(targets(i));
-      if (t == opt_.ignore_index) continue;
-      for (index_t j = 0; j < vl; ++j) {
-        const T p = T(std::exp(double(logits_local(i, j)) - double(lse_[i])));
-        dlogits_local(i, j) += scale * (p - (t == first_ + j ? T(1) : T(0)));
+    const T* lp = logits_local.data();
+    T* gp = dlogits_local.data();
+    ops::detail::parallel_rows(n, ops::detail::rows_grain(vl), [&](index_t r0, index_t r1) {
+      for (index_t i = r0; i < r1; ++i) {
+        const auto t = static_cast<std::int64_t>(targets(i));
+        if (t == opt_.ignore_index) continue;
+        const T* x = lp + i * vl;
+        T* g = gp + i * vl;
+        const T l = lse_[i];
+        LOOM_SIMD
+        for (index_t j = 0; j < vl; ++j) g[j] += scale * ops::exp(x[j] - l);
+        if (t >= first_ && t < first_ + vl) g[t - first_] -= scale;
       }
-    }
+    });
   }
 
  private:
