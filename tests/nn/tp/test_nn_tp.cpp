@@ -205,6 +205,13 @@ TEST_CASE("vocab-parallel cross-entropy equals the full one and never holds full
     // rank's logits are [n, V / t]
     for (double p : peaks) CHECK(p <= double(3 * n * sizeof(T)));
   }
+  // strided logits (a transposed view) are refused by name
+  on_ranks(1, [&](thread_comm& c, int) {
+    tp::vocab_parallel_cross_entropy<T> pce(V, 0);
+    auto tr = cview(logits.data(), V, n).transpose(0, 1);
+    CHECK_THROWS_WITH_AS(pce.forward(c, tr, tv), doctest::Contains("logits_local must be contiguous"), loom::error);
+    return 0.0;
+  });
 }
 
 TEST_CASE("parallel attention equals nn::attention, GQA heads split or replicated, causal and prefix-LM") {
