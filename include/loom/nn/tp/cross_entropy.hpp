@@ -8,8 +8,9 @@
 //             loss  = mean over counted rows of (m_i + log s_i - z_i)
 //   backward  dlogits_local += (exp(l_ij - lse_i) - [j == target_i]) * dloss / count
 //
-// Rows are split over host_pool() and each row's loops vectorise (ops::exp, ops::max_simd);
-// every row is computed by one thread in one order, so results do not depend on the pool.
+// Rows are split over host_pool() and each row's loops vectorise (ops::detail::row_max,
+// row_exp_sum); every row is computed by one thread in one order, so results do not depend
+// on the pool.
 // Targets (replicated on every rank) equal to ignore_index (-100) are skipped; other targets
 // outside [0, V) are a loom::error. The per-row log-sum-exp is kept for backward ([n]); the
 // communication is 3n numbers per forward, independent of the vocabulary.
@@ -48,23 +49,14 @@ class vocab_parallel_cross_entropy {
     if (lse_.size() < static_cast<std::size_t>(n)) lse_ = buffer<T>(n, *mr_), red_ = buffer<T>(2 * n, *mr_);
     const T* lp = logits_local.data();  // contiguous: row i at lp + i * vl
     ops::detail::parallel_rows(n, ops::detail::rows_grain(vl), [&](index_t r0, index_t r1) {
-      for (index_t i = r0; i < r1; ++i) {
-        const T* x = lp + i * vl;
-        T m = -std::numeric_limits<T>::infinity();
-        LOOM_SIMD_MAX(m)
-        for (index_t j = 0; j < vl; ++j) m = ops::max_simd(m, x[j]);
-        lse_[i] = m;
-      }
+      for (index_t i = r0; i < r1; ++i)
+        lse_[i] = vl > 0 ? ops::detail::row_max(lp + i * vl, vl) : -std::numeric_limits<T>::infinity();
     });
     tp.all_reduce(std::span<const T>(lse_.data(), n), std::span<T>(lse_.data(), n), comm::reduce_op::max);
     ops::detail::parallel_rows(n, ops::detail::rows_grain(vl), [&](index_t r0, index_t r1) {
       for (index_t i = r0; i < r1; ++i) {
         const T* x = lp + i * vl;
-        const T m = lse_[i];
-        T s = 0;
-        LOOM_SIMD_SUM(s)
-        for (index_t j = 0; j < vl; ++j) s += ops::exp(x[j] - m);
-        red_[2 * i] = s;
+        red_[2 * i] = ops::detail::row_exp_sum(x, vl, lse_[i]);
         const auto t = static_cast<std::int64_t>(targets(i));
         red_[2 * i + 1] = (t != opt_.ignore_index && t >= first_ && t < first_ + vl) ? x[t - first_] : T(0);
       }

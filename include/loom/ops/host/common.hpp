@@ -89,6 +89,25 @@ LOOM_FORCE_INLINE T exp(T x) noexcept {
 
 namespace detail {
 
+/// The largest of x[0..n) (n >= 1), vectorised (the one row-maximum loop of softmax and both
+/// cross-entropies, so the max_simd form lives in one place).
+template <compute_type T>
+LOOM_FORCE_INLINE T row_max(const T* x, index_t n) noexcept {
+  T m = x[0];
+  LOOM_SIMD_MAX(m)
+  for (index_t i = 1; i < n; ++i) m = max_simd(m, x[i]);
+  return m;
+}
+
+/// sum_i exp(x[i] - m) over x[0..n), vectorised.
+template <compute_type T>
+LOOM_FORCE_INLINE T row_exp_sum(const T* x, index_t n, T m) noexcept {
+  T s = 0;
+  LOOM_SIMD_SUM(s)
+  for (index_t i = 0; i < n; ++i) s += ops::exp(x[i] - m);
+  return s;
+}
+
 /// Elements of work a pool part gets at least: below that the pool's wake-up (a few
 /// microseconds) costs more than it saves. The grain of a flat elementwise loop.
 inline constexpr index_t min_part_elements = 32768;

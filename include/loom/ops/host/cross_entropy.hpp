@@ -33,9 +33,7 @@ inline index_t count_targets(tensor_view<Tgt, host, 1> targets, index_t vocab, s
   }
   return count;
 }
-}  // namespace detail
 
-namespace detail {
 /// Forward (and, when dlogits is given, the gradient of the mean loss) row by row.
 template <compute_type T, class Tgt>
 inline T cross_entropy_rows(in_view<T, 2> logits, tensor_view<Tgt, host, 1> targets, tensor_view<T, host, 1> lse,
@@ -44,23 +42,22 @@ inline T cross_entropy_rows(in_view<T, 2> logits, tensor_view<Tgt, host, 1> targ
   detail::require_contiguous(logits, fn, "logits");
   detail::require_shape(targets, extents<1>{n}, fn, "targets");
   detail::require_shape(lse, extents<1>{n}, fn, "lse");
-  if (dlogits) detail::require_contiguous(*dlogits, fn, "dlogits"), detail::require_shape(*dlogits, logits.shape(), fn, "dlogits");
+  if (dlogits) {
+    detail::require_contiguous(*dlogits, fn, "dlogits");
+    detail::require_shape(*dlogits, logits.shape(), fn, "dlogits");
+  }
   LOOM_CHECK(v > 0, fn, ": vocabulary size must be > 0, got vocab=", v);
   const index_t count = detail::count_targets(targets, v, opt.ignore_index, fn);
   const T scale = count ? T(1) / T(count) : T(0);
   detail::parallel_rows(n, detail::rows_grain(v), [&](index_t r0, index_t r1) {
     for (index_t r = r0; r < r1; ++r) {
       const T* x = logits.data() + r * v;
-      T mx = x[0];
-      LOOM_SIMD_MAX(mx)
-      for (index_t j = 1; j < v; ++j) mx = max_simd(mx, x[j]);
-      T sum = 0;
+      const T mx = row_max(x, v);
       if (!dlogits) {
-        LOOM_SIMD_SUM(sum)
-        for (index_t j = 0; j < v; ++j) sum += ops::exp(x[j] - mx);
-        lse(r) = mx + std::log(sum);
+        lse(r) = mx + std::log(row_exp_sum(x, v, mx));
         continue;
       }
+      T sum = 0;
       T* g = dlogits->data() + r * v;  // exp(x - max) first, scaled to the gradient while the row is in cache
       LOOM_SIMD_SUM(sum)
       for (index_t j = 0; j < v; ++j) {

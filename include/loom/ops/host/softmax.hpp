@@ -14,9 +14,7 @@ namespace detail {
 /// y[0..n) = softmax(x[0..n)); x and y may alias.
 template <compute_type T>
 inline void softmax_row(const T* x, T* y, index_t n) {
-  T mx = x[0];
-  LOOM_SIMD_MAX(mx)
-  for (index_t i = 1; i < n; ++i) mx = max_simd(mx, x[i]);
+  const T mx = row_max(x, n);
   T sum = 0;
   LOOM_SIMD_SUM(sum)
   for (index_t i = 0; i < n; ++i) {
