@@ -122,6 +122,7 @@ TEST_CASE("host_pool_scope swaps the pool host_pool() returns, and restores it")
 
 TEST_CASE("pool sizes: bad thread counts are loom::errors naming the value") {
   CHECK_THROWS_WITH_AS(loom::thread_pool(0), doctest::Contains("threads=0"), loom::error);
+  CHECK_THROWS_WITH_AS(loom::thread_pool(65536), doctest::Contains("threads=65536"), loom::error);
   ::setenv("LOOM_NUM_THREADS", "3", 1);
   CHECK(loom::detail::host_pool_threads() == 3);
   ::setenv("LOOM_NUM_THREADS", "two", 1);
@@ -141,22 +142,51 @@ TEST_CASE("pool sizes: bad thread counts are loom::errors naming the value") {
   ::unsetenv("LOOM_POOL_SPIN_US");
 }
 
-TEST_CASE("workers that slept (no polling, or a pause longer than the poll) still take every part") {
+TEST_CASE("workers that slept (no polling, or a pause longer than the poll) wake up and take parts") {
   for (const auto spin : {std::chrono::microseconds(0), std::chrono::microseconds(50)}) {
     loom::thread_pool pool(3, spin);
     for (int round = 0; round < 30; ++round) {
       if (round % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let the workers block
       std::vector<std::atomic<int>> seen(300);
       std::vector<std::thread::id> ids(3);
+      std::atomic<int> arrived{0};
       pool.parallel_for(300, 1, [&](int p, index_t b, index_t e) {
         ids[static_cast<std::size_t>(p)] = std::this_thread::get_id();
         for (index_t i = b; i < e; ++i) ++seen[static_cast<std::size_t>(i)];
+        // each part waits (10 s at most, no hang) for all three to have started: only the
+        // sleeping workers can bring the count to 3
+        ++arrived;
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (arrived < 3 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
       });
       for (auto& x : seen) CHECK(x == 1);
+      CHECK(arrived == 3);
+      CHECK(ids[0] == std::this_thread::get_id());
       CHECK(ids[1] != ids[0]);
       CHECK(ids[2] != ids[1]);
+      CHECK(ids[2] != ids[0]);
     }
   }
+}
+
+TEST_CASE("a part whose worker is late is claimed by the caller: the join does not wait for a sleeper") {
+  // Workers block at once (spin 0), so each call has to wake the worker through the kernel
+  // (microseconds); the caller finishes its empty part 0 long before and takes part 1 itself.
+  // With parts assigned to fixed threads, part 1 would always run on the worker.
+  loom::thread_pool pool(2, std::chrono::microseconds(0));
+  int on_caller = 0;
+  for (int round = 0; round < 50; ++round) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));  // the worker blocks again
+    std::thread::id id1;
+    std::vector<std::atomic<int>> seen(2);
+    pool.parallel_for(2, 1, [&](int p, index_t b, index_t e) {
+      if (p == 1) id1 = std::this_thread::get_id();
+      for (index_t i = b; i < e; ++i) ++seen[static_cast<std::size_t>(i)];
+    });
+    for (auto& x : seen) CHECK(x == 1);
+    on_caller += id1 == std::this_thread::get_id();
+  }
+  CHECK(on_caller > 0);
 }
 
 TEST_CASE("parallel_for takes a const callable") {

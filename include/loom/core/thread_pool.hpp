@@ -7,6 +7,11 @@
 // - Static contiguous parts, not work stealing: part p of a given n and pool size is always
 //   the same range, so a kernel whose parts write disjoint outputs gives bit-identical results
 //   run to run (resume tests and rank-vs-single-rank comparisons rely on that).
+// - Parts are claimed, not assigned: the caller runs part 0, and every participant (caller
+//   included) then takes the next unclaimed part until none is left. A worker that is late
+//   (asleep, or its core taken by another process or rank thread) leaves its part to whoever
+//   is free instead of holding up the join; which thread runs a part never changes what the
+//   part computes, so results stay bit-identical.
 // - Idle threads poll for a short while (default 100 us), then block on a condition variable.
 //   A training step issues over a hundred fork-joins a few hundred microseconds apart, and a
 //   wake-up through the kernel costs tens of microseconds each time (measured: the 1.8M-param
@@ -46,13 +51,16 @@ class thread_pool {
   /// How long a worker polls for the next part, and the caller for the last part to end,
   /// before blocking.
   static constexpr std::chrono::microseconds default_spin{100};
+  /// Participants at most (a job's part count lives in 16 bits of its claim word).
+  static constexpr int max_threads = 65535;
 
   /// `threads` participants: the caller plus threads - 1 workers (threads >= 1); idle
   /// threads poll for `spin` before they block (0: block at once).
   explicit thread_pool(int threads, std::chrono::microseconds spin = default_spin) : spin_(spin) {
-    LOOM_CHECK(threads >= 1, "thread_pool: threads must be >= 1, got threads=", threads);
+    LOOM_CHECK(threads >= 1 && threads <= max_threads, "thread_pool: threads must be in 1..", max_threads,
+               ", got threads=", threads);
     LOOM_CHECK(spin.count() >= 0, "thread_pool: spin must be >= 0 microseconds, got spin=", spin.count());
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work(i); });
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
   }
   ~thread_pool() {
     {
@@ -76,7 +84,8 @@ class thread_pool {
   }
 
   /// Calls fn(part, begin, end) for the parts of [0, n): part p covers
-  /// [p * n / parts, (p + 1) * n / parts). Blocks until every part returned.
+  /// [p * n / parts, (p + 1) * n / parts); part 0 runs on the caller, the others on whichever
+  /// participant claims them first (each exactly once). Blocks until every part returned.
   template <class F>
   void parallel_for(index_t n, index_t grain, F&& fn) {
     if (n <= 0) return;
@@ -89,15 +98,23 @@ class thread_pool {
     auto call = [](void* ctx, int p, index_t b, index_t e) {
       (*static_cast<std::remove_reference_t<F>*>(ctx))(p, b, e);
     };
+    std::uint32_t gen = 0;
     {
       std::lock_guard lk(m_);
       job_ = {const_cast<void*>(static_cast<const void*>(&fn)), call, n, np};
-      pending_.store(np - 1, std::memory_order_relaxed);
+      pending_.store(np, std::memory_order_relaxed);
       error_ = nullptr;
-      generation_.fetch_add(1, std::memory_order_release);
+      gen = static_cast<std::uint32_t>(generation_.fetch_add(1, std::memory_order_release) + 1);
+      // parts 1.. are up for claims; part 0 is the caller's
+      claim_.store(std::uint64_t(gen) << 32 | std::uint64_t(np) << 16 | 1u, std::memory_order_release);
       if (sleepers_ > 0) cv_work_.notify_all();
     }
     run_part(0);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    for (int p; (p = claim(gen)) >= 0;) {
+      run_part(p);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
     if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
       std::unique_lock lk(m_);
       cv_done_.wait(lk, [&] { return pending_.load(std::memory_order_acquire) == 0; });
@@ -113,6 +130,17 @@ class thread_pool {
     index_t n = 0;
     int parts = 0;
   };
+
+  /// The next unclaimed part of job `gen` (marked claimed), or -1 when that job has none
+  /// left or a later job replaced it.
+  int claim(std::uint32_t gen) {
+    std::uint64_t v = claim_.load(std::memory_order_acquire);
+    for (;;) {
+      const int next = static_cast<int>(v & 0xFFFFu), np = static_cast<int>(v >> 16 & 0xFFFFu);
+      if (static_cast<std::uint32_t>(v >> 32) != gen || next >= np) return -1;
+      if (claim_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_acquire)) return next;
+    }
+  }
 
   static bool& in_part() {
     thread_local bool inside = false;
@@ -154,7 +182,7 @@ class thread_pool {
 #endif
   }
 
-  void work(int id) {
+  void work() {
     std::uint64_t seen = 0;
     for (;;) {
       if (!spin_until([&] { return generation_.load(std::memory_order_acquire) != seen || stop_flag_.load(std::memory_order_relaxed); })) {
@@ -167,12 +195,13 @@ class thread_pool {
         std::lock_guard lk(m_);
         if (stop_) return;
         seen = generation_.load(std::memory_order_relaxed);
-        if (id >= job_.parts) continue;  // this job has fewer parts than workers
       }
-      run_part(id);
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard lk(m_);
-        cv_done_.notify_one();
+      for (int p; (p = claim(static_cast<std::uint32_t>(seen))) >= 0;) {
+        run_part(p);
+        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+          std::lock_guard lk(m_);
+          cv_done_.notify_one();
+        }
       }
     }
   }
@@ -182,7 +211,11 @@ class thread_pool {
   std::mutex m_;
   std::condition_variable cv_work_, cv_done_;
   job job_{};
-  std::atomic<int> pending_{0};
+  std::atomic<int> pending_{0};  // parts of the current job not yet returned
+  // the current job's generation (low 32 bits, high word), its parts (bits 16-31) and its
+  // next unclaimed part (bits 0-15): one word, so a claim can never take a part of a job
+  // other than the one its claimer saw
+  std::atomic<std::uint64_t> claim_{0};
   std::atomic<std::uint64_t> generation_{0};
   std::atomic<bool> stop_flag_{false};
   int sleepers_ = 0;  // workers waiting on cv_work_ (guarded by m_)
