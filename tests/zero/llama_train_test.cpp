@@ -1,7 +1,9 @@
 // llama-train with ZeRO: stages 0-3 on 2 and 4 thread ranks reproduce the single-rank
 // trainer (examples/llama/train/trainer.hpp: its own AdamW, clipping and master weights,
 // no engine) on the same global batches: losses within 1e-5 relative, final parameters
-// within 1e-5. Also: fp16 with dynamic loss scaling runs and matches in loss to 1e-2.
+// within 1e-5. Also: fp16 with dynamic loss scaling runs and matches in loss to 1e-2;
+// parameter and optimizer offload to cpu change nothing; the seed's own ds_config_zero3.json
+// (fp16, ZeRO-3, both offloads, activation checkpointing) trains on 4 ranks as on one.
 #include <trainer.hpp>
 
 #include <doctest/doctest.h>
@@ -76,4 +78,54 @@ TEST_CASE("llama-train: fp16 with ZeRO-3 and dynamic loss scaling tracks fp32") 
   std::remove(o.config_path.c_str());
   REQUIRE(h.steps.size() == ref.steps.size());
   for (std::size_t s = 0; s < ref.steps.size(); ++s) CHECK(std::abs(h.steps[s].loss - ref.steps[s].loss) <= 2e-2 * ref.steps[s].loss);
+}
+
+TEST_CASE("llama-train: offload_param and offload_optimizer on cpu (ZeRO-3) reproduce the single-rank trainer") {
+  const auto ref = reference();
+  auto o = small(4);
+  o.config_path = write_config(3, "");
+  {  // the same stage-3 config with both offloads, as the seed's config has them
+    std::ofstream f(o.config_path);
+    f << "{\"train_batch_size\": 8, \"gradient_clipping\": 0.5, \"zero_optimization\": {\"stage\": 3,"
+         " \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true},"
+         " \"offload_param\": {\"device\": \"cpu\", \"pin_memory\": true},"
+         " \"reduce_bucket_size\": 3000, \"stage3_prefetch_bucket_size\": 3000,"
+         " \"stage3_param_persistence_threshold\": 64, \"stage3_max_live_parameters\": 20000}}";
+  }
+  check_same(llama_train::run(o, nullptr), ref, 1e-5);
+  std::remove(o.config_path.c_str());
+}
+
+TEST_CASE("llama-train: the seed's ds_config_zero3.json trains on 4 thread ranks as on one rank") {
+  // fp16 with a dynamic scaler from 2^16, ZeRO-3, optimizer and parameter offload, activation
+  // checkpointing, clipping 1.0; train_batch_size 1024 with 8 accumulation steps: micro
+  // batches of 32 sequences on 4 ranks, 128 on one. Oracle: the one-rank run (the same
+  // global batches), and for the first step's loss (before any update) the fp32 single-rank
+  // trainer.
+  auto run_seed = [](int ranks, const char* config) {
+    auto o = small(ranks);
+    o.steps = 3;
+    o.batch = 1024 / 8 / ranks;
+    o.config_path = config;
+    return llama_train::run(o, nullptr);
+  };
+  const auto four = run_seed(4, LOOM_SEED_CONFIG), one = run_seed(1, LOOM_SEED_CONFIG);
+  REQUIRE(four.steps.size() == 3);
+  REQUIRE(one.steps.size() == 3);
+  for (std::size_t s = 0; s < 3; ++s) {
+    INFO("step ", s + 1, ": 4 ranks ", four.steps[s].loss, ", 1 rank ", one.steps[s].loss);
+    CHECK(std::isfinite(four.steps[s].loss));
+    CHECK(std::abs(four.steps[s].loss - one.steps[s].loss) <= 1e-3 * one.steps[s].loss);
+  }
+  auto o = small(1);
+  o.steps = 1;
+  o.batch = 128;
+  o.config_path = "zero_llama_train_test_seed_fp32.json";
+  {
+    std::ofstream f(o.config_path);
+    f << "{\"train_batch_size\": 1024, \"gradient_accumulation_steps\": 8, \"gradient_clipping\": 1.0}";
+  }
+  const auto fp32 = llama_train::run(o, nullptr);
+  std::remove(o.config_path.c_str());
+  CHECK(std::abs(four.steps[0].loss - fp32.steps[0].loss) <= 1e-2 * fp32.steps[0].loss);
 }

@@ -106,6 +106,8 @@ inline loom::zero::engine_options zero_engine_options(const loom::io::ds_config&
 template <class Stage, class P, loom::comm::communicator C>
 train_result run_zero_rank(C& comm, const options& o, const loom::io::ds_config& c, std::ostream* log) {
   const int rank = comm.rank(), world = comm.size();
+  if (rank == 0 && log && c.zero.offload_param.device == loom::io::offload_device::cpu)
+    *log << "llama-train: offload_param cpu: the host backend keeps parameters in host memory already" << std::endl;
   loom::host_memory_resource model_mem("llama-model"), states("zero-states"), scratch("zero-scratch"), host("zero-host");
   llama::model<P> model(o.model, model_mem);
   model.init(o.seed);
@@ -206,9 +208,12 @@ train_result run_zero_on(C& comm, const options& o, const loom::io::ds_config& c
 inline train_result run_zero(const options& o, const loom::io::ds_config& c, std::ostream* log) {
   LOOM_CHECK(o.resume.empty() && o.save.empty(), "llama-train: --save/--resume are single-rank only for now (--ranks ",
              o.ranks, ")");
-  LOOM_CHECK(c.zero.offload_param.device == loom::io::offload_device::none,
-             "llama-train: zero_optimization.offload_param is not supported yet (parameters stay on the rank); "
-             "remove it or set \"device\": \"none\"");
+  // offload_param: DeepSpeed moves the fp16 parameters from the GPU to host memory; on the
+  // host backend they live in host memory already, so "cpu" holds by construction (the
+  // parser refuses "nvme" for parameters; docs/training.md).
+  LOOM_CHECK(c.zero.offload_param.device == loom::io::offload_device::none ||
+                 c.zero.offload_param.device == loom::io::offload_device::cpu,
+             "llama-train: zero_optimization.offload_param: only device \"cpu\" (or \"none\") is supported");
 #ifdef LOOM_HAS_MPI
   if (mpi_launch_size() > 1) {
     int init = 0;
