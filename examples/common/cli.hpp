@@ -3,6 +3,8 @@
 // "flag --x needs a number, got 'abc'" followed by the program's usage, never as a bare
 // std::stoi exception.
 
+#include <loom/core/dtype.hpp>
+
 #include <cstdio>
 #include <functional>
 #include <optional>
@@ -25,6 +27,13 @@ T number(const std::string& flag, const std::string& v) {
   is >> x;
   if (!is || !is.eof()) throw bad_args("flag " + flag + " needs a number, got '" + v + "'");
   return x;
+}
+
+/// The value of a --precision flag: fp32, bf16 or fp16 (or float32, bfloat16, float16).
+inline loom::dtype precision(const std::string& flag, const std::string& v) {
+  if (v != "fp32" && v != "bf16" && v != "fp16" && v != "float32" && v != "bfloat16" && v != "float16")
+    throw bad_args(flag + " must be fp32, bf16 or fp16, got '" + v + "'");
+  return loom::parse_dtype(v);
 }
 
 /// The argument loop every example shares. Calls on(flag, value) for each argument in turn;

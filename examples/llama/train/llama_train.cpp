@@ -41,12 +41,8 @@ llama_train::options parse(int argc, char** argv) {
     } else if (a == "--steps") o.steps = number<std::int64_t>(a, value());
     else if (a == "--save") o.save = value();
     else if (a == "--resume") o.resume = value();
-    else if (a == "--precision") {
-      const auto v = value();
-      if (v != "fp32" && v != "bf16" && v != "fp16" && v != "float32" && v != "bfloat16" && v != "float16")
-        throw bad_args("--precision must be fp32, bf16 or fp16, got '" + v + "'");
-      o.precision = loom::parse_dtype(v);
-    } else if (a == "--seed") o.seed = number<std::uint64_t>(a, value());
+    else if (a == "--precision") o.precision = examples::cli::precision(a, value());
+    else if (a == "--seed") o.seed = number<std::uint64_t>(a, value());
     else if (a == "--dim") o.model.dim = number<loom::index_t>(a, value());
     else if (a == "--n-layers") o.model.n_layers = number<loom::index_t>(a, value());
     else if (a == "--n-heads") o.model.n_heads = number<loom::index_t>(a, value());

@@ -22,6 +22,7 @@
 // The ZeRO work will replace the optimizer block with a sharded one; the step structure
 // stays.
 
+#include <common/loss_scaler.hpp>
 #include <llama/model/llama.hpp>
 #include <loom/amp/loss_scaler.hpp>
 #include <loom/amp/master_weights.hpp>
@@ -106,16 +107,8 @@ inline loom::io::ds_config resolve_config(const options& o) {
   return c;
 }
 
-using any_loss_scaler = std::variant<loom::amp::static_loss_scaler, loom::amp::dynamic_loss_scaler>;
-
-/// The loss scaler the config asks for: dynamic for fp16 with loss_scale 0, else static (1 without fp16).
-inline any_loss_scaler make_loss_scaler(const loom::io::ds_config& c) {
-  if (c.precision() == loom::dtype::f16 && c.fp16.loss_scale == 0.f)
-    return loom::amp::dynamic_loss_scaler({.initial_scale = std::ldexp(1.f, c.fp16.initial_scale_power),
-                                           .scale_window = c.fp16.loss_scale_window, .hysteresis = c.fp16.hysteresis,
-                                           .min_scale = c.fp16.min_loss_scale, .consecutive_hysteresis = c.fp16.consecutive_hysteresis});
-  return loom::amp::static_loss_scaler(c.precision() == loom::dtype::f16 ? c.fp16.loss_scale : 1.f);
-}
+using loom::amp::any_loss_scaler;
+using examples::make_loss_scaler;
 
 namespace detail {
 

@@ -4,6 +4,7 @@
 // The corpus is the synthetic counting stream of train3d.hpp (learnable, the same for every
 // mesh, so runs on different meshes print the same losses).
 #include <common/cli.hpp>
+#include <common/loss_scaler.hpp>
 #include "train3d.hpp"
 
 #include <loom/comm/thread_comm.hpp>
@@ -13,6 +14,7 @@
 #endif
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <type_traits>
 #include <cstdio>
@@ -29,9 +31,10 @@ const char* usage =
     "usage: llama-train3d [--dp D] [--tp T] [--pp P] [--schedule gpipe|1f1b|interleaved] [--chunks V] [--zero 0|1|2|3]\n"
     "                     [--config ds_config.json] [--steps N] [--micro-batches M] [--batch B] [--seq S]\n"
     "                     [--dim D] [--n-layers L] [--n-heads H] [--n-kv-heads K] [--hidden-dim F] [--vocab V]\n"
-    "                     [--tied] [--lr LR] [--clip C] [--seed S] [--print-every N]\n"
+    "                     [--tied] [--lr LR] [--clip C] [--precision fp32|bf16|fp16] [--seed S] [--print-every N]\n"
     "  Ranks are threads (dp*tp*pp of them), or the processes of `mpirun -np dp*tp*pp`. A config's zero stage, micro batch, gradient\n"
-    "  accumulation (= micro-batches per step), optimizer, scheduler and clipping win over the flags.\n";
+    "  accumulation (= micro-batches per step), precision (fp16: its loss scaler), optimizer, scheduler and clipping win over\n"
+    "  the flags. bf16 / fp16 store parameters in that type (fp32 master weights and compute).\n";
 
 using examples::cli::bad_args;
 using examples::cli::number;
@@ -40,6 +43,7 @@ struct program_options {
   llama::config cfg;
   llama3d::train_options train;
   std::string config_path;
+  loom::dtype precision = loom::dtype::f32;
   std::int64_t steps = 20;
   int print_every = 1;
   bool help = false;
@@ -78,6 +82,7 @@ program_options parse(int argc, char** argv) {
     else if (a == "--lr") o.train.adamw.lr = number<float>(a, value());
     else if (a == "--clip") o.train.gradient_clipping = number<float>(a, value());
     else if (a == "--seed") o.train.seed = number<std::uint64_t>(a, value());
+    else if (a == "--precision") o.precision = examples::cli::precision(a, value());
     else if (a == "--print-every") o.print_every = number<int>(a, value());
     else return false;
     return true;
@@ -122,6 +127,7 @@ int main(int argc, char** argv) {
   }
   try {
     loom::optim::any_lr_schedule schedule{loom::optim::constant_lr{o.train.adamw.lr}};
+    bool offload_note = false;
     if (!o.config_path.empty()) {
       auto c = loom::io::load_ds_config(o.config_path);
       loom::io::ds_context ctx;
@@ -132,12 +138,20 @@ int main(int argc, char** argv) {
       ctx.gradient_clipping = o.train.gradient_clipping;
       ctx.micro_batch = o.train.micro_batch_size;
       ctx.grad_accum = o.train.micro_batches;
+      ctx.precision = o.precision;
       loom::io::resolve_ds_config(c, ctx);
-      LOOM_CHECK(c.precision() == loom::dtype::f32, "llama-train3d: the 3D trainer runs in fp32; the config asks for ",
-                 std::string(loom::dtype_name(c.precision())));
-      LOOM_CHECK(c.zero.offload_optimizer.device == loom::io::offload_device::none &&
-                     c.zero.offload_param.device == loom::io::offload_device::none,
-                 "llama-train3d: offload is not supported by the 3D trainer (zero_optimization.offload_*)");
+      // offload to cpu: optimizer states and parameters live in host memory on the host
+      // backend already; nvme (optimizer states in a file) is zero::engine's, not this trainer's
+      LOOM_CHECK(c.zero.offload_optimizer.device != loom::io::offload_device::nvme,
+                 "llama-train3d: zero_optimization.offload_optimizer.device \"nvme\" is not supported by the 3D trainer "
+                 "(\"cpu\" and \"none\" are)");
+      offload_note = c.zero.offload_optimizer.device == loom::io::offload_device::cpu ||
+                     c.zero.offload_param.device == loom::io::offload_device::cpu;
+      if (c.activation_checkpointing.enabled)
+        c.warnings.push_back("activation_checkpointing has no effect here: the 3D trainer keeps each micro-batch's "
+                             "activations until its backward (no recomputation)");
+      o.precision = c.precision();
+      o.train.loss_scaler = examples::make_loss_scaler(c);
       o.train.zero_stage = c.zero.stage;
       o.train.micro_batch_size = c.train_micro_batch_size_per_gpu;
       o.train.micro_batches = static_cast<int>(c.gradient_accumulation_steps);
@@ -151,19 +165,25 @@ int main(int argc, char** argv) {
     const int world = mesh.size();
     LOOM_CHECK(world >= 1 && world <= 256, "llama-train3d: dp*tp*pp = ", world, " ranks (1..256)");
     std::mutex io;
-    // One rank's whole run; Comm: thread_comm (default) or mpi_comm (under mpirun).
-    auto body = [&](auto& comm, loom::host_memory_resource& mr, const char* kind) {
+    // --precision fp16 without a config: DeepSpeed's default dynamic scaler (2^16, window 1000, hysteresis 2, min 1)
+    if (o.config_path.empty() && o.precision == loom::dtype::f16) o.train.loss_scaler = loom::amp::dynamic_loss_scaler{};
+    // One rank's whole run with parameters stored as P; Comm: thread_comm (default) or
+    // mpi_comm (under mpirun).
+    auto run_rank = [&](auto p_tag, auto& comm, loom::host_memory_resource& mr, const char* kind) {
+      using P = typename decltype(p_tag)::type;
       using comm_t = std::remove_reference_t<decltype(comm)>;
       const int r = comm.rank();
-      llama3d::trainer<float, float, comm_t> t(comm, o.cfg, o.train, mr);
+      llama3d::trainer<P, float, comm_t> t(comm, o.cfg, o.train, mr);
       const auto c = t.mesh().coord();
       const auto b = t.bytes();
       if (r == 0)
         std::printf("llama-train3d: mesh dp=%d x tp=%d x pp=%d (%d %s ranks), ZeRO-%d, schedule %s, m=%d micro-batches of "
-                    "[%lld, %lld], model dim=%lld layers=%lld heads=%lld/%lld vocab=%lld\n",
+                    "[%lld, %lld], model dim=%lld layers=%lld heads=%lld/%lld vocab=%lld, parameters %s%s\n",
                     mesh.dp, mesh.tp, mesh.pp, world, kind, o.train.zero_stage, o.train.schedule.c_str(), o.train.micro_batches,
                     (long long)o.train.micro_batch_size, (long long)o.train.seq, (long long)o.cfg.dim,
-                    (long long)o.cfg.n_layers, (long long)o.cfg.n_heads, (long long)o.cfg.n_kv_heads, (long long)o.cfg.vocab);
+                    (long long)o.cfg.n_layers, (long long)o.cfg.n_heads, (long long)o.cfg.n_kv_heads, (long long)o.cfg.vocab,
+                    std::string(loom::dtype_name(o.precision)).c_str(),
+                    offload_note ? " (offload to cpu: the host backend keeps these states in host memory already)" : "");
       comm.barrier();
       for (int k = 0; k < world; ++k) {
         if (k == r) {
@@ -184,7 +204,7 @@ int main(int argc, char** argv) {
       }
       const double tokens = double(mesh.dp) * o.train.micro_batches * double(o.train.micro_batch_size * o.train.seq);
       for (std::int64_t s = 0; s < o.steps; ++s) {
-        t.set_lr(schedule.lr(s));
+        t.set_lr(schedule.lr(t.steps()));  // a skipped step does not advance the schedule (DeepSpeed)
         auto st = t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
           llama3d::counting_batch(o.train.seed, step, g, o.train.micro_batch_size, o.train.seq, o.cfg.vocab, tok, tgt);
         });
@@ -193,8 +213,17 @@ int main(int argc, char** argv) {
         double secs = st.seconds;
         comm.all_reduce(std::span<const double>(&secs, 1), std::span<double>(&secs, 1), loom::comm::reduce_op::max);
         if (r == 0 && (s % o.print_every == 0 || s + 1 == o.steps))
-          std::printf("step %4lld  loss %.4f  grad_norm %.3f%s  %.0f tokens/s  peak memory/rank %.1f KiB\n", (long long)s + 1,
-                      st.loss, st.grad_norm, st.skipped ? " (skipped: overflow)" : "", tokens / secs, peak / 1024.0);
+          std::printf("step %4lld  loss %.4f  grad_norm %.3f%s%s  %.0f tokens/s  peak memory/rank %.1f KiB\n", (long long)s + 1,
+                      st.loss, st.grad_norm,
+                      o.precision == loom::dtype::f16 ? ("  scale " + std::to_string(std::lround(st.loss_scale))).c_str() : "",
+                      st.skipped ? " (skipped: overflow)" : "", tokens / secs, peak / 1024.0);
+      }
+    };
+    auto body = [&](auto& comm, loom::host_memory_resource& mr, const char* kind) {
+      switch (o.precision) {
+        case loom::dtype::bf16: return run_rank(std::type_identity<loom::bfloat16>{}, comm, mr, kind);
+        case loom::dtype::f16: return run_rank(std::type_identity<loom::half>{}, comm, mr, kind);
+        default: return run_rank(std::type_identity<float>{}, comm, mr, kind);
       }
     };
 #ifdef LOOM_HAS_MPI

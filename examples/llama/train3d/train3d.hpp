@@ -16,7 +16,9 @@
 //   5. Global gradient norm over all three dimensions: each rank sums the squares of the
 //      elements it owns (its dp slice, canonical copies only: tp-replicated norms and GQA
 //      replicas and the tied copy count once), one all-reduce over the world. A non-finite
-//      norm (fp16 overflow) is therefore seen by every rank and every rank skips the step.
+//      norm (fp16 overflow) is therefore seen by every rank: every rank skips the step and
+//      feeds the same overflow flag to its loss scaler (train_options::loss_scaler: backward
+//      runs with dloss = scale / m, the update divides by the scale), so the scalers agree.
 //   6. AdamW (zero/adamw.hpp) on the fp32 master: the whole buffer (stage 0) or this rank's
 //      slice (1-3); then parameters are refreshed: cast (0), all-gathered over dp (1, 2), or
 //      cast into the shard and the full buffer dropped (3).
@@ -30,6 +32,7 @@
 
 #include <llama/model3d/llama3d.hpp>
 
+#include <loom/amp/loss_scaler.hpp>
 #include <loom/comm/communicator.hpp>
 #include <loom/comm/mesh.hpp>
 #include <loom/core/buffer.hpp>
@@ -62,6 +65,8 @@ struct train_options {
   loom::zero::adamw_config adamw{};
   float gradient_clipping = 0.f;  ///< max global norm; 0: off
   std::uint64_t seed = 1234;
+  /// 1 (none: fp32, bfloat16), or ds_config's fp16 section (examples::make_loss_scaler)
+  loom::amp::any_loss_scaler loss_scaler{loom::amp::static_loss_scaler(1.f)};
 
   void validate() const {
     LOOM_CHECK(zero_stage >= 0 && zero_stage <= 3, "llama3d: zero_stage must be 0, 1, 2 or 3, got zero_stage=", zero_stage);
@@ -96,6 +101,7 @@ struct step_stats {
   double loss = 0;        ///< mean over the global batch (the same on every rank)
   double grad_norm = 0;   ///< global norm before clipping
   bool skipped = false;   ///< non-finite gradient: no update on any rank
+  float loss_scale = 1.f; ///< the scale this step's backward ran with
   double seconds = 0;
   double busy_seconds = 0;  ///< forward + backward compute of this stage (bubble = 1 - busy / pipeline time)
   double pipeline_seconds = 0;
@@ -173,6 +179,8 @@ class trainer {
     auto& pp = mesh_.pp();
     auto& dp = mesh_.dp();
     const int m = opt_.micro_batches;
+    const float loss_scale = loom::amp::scale_of(opt_.loss_scaler);
+    st.loss_scale = loss_scale;
     for (auto& ck : chunks_) {
       auto& md = *ck->model;
       if (opt_.zero_stage == 3) {  // 1. gather this chunk's parameters
@@ -223,7 +231,7 @@ class trainer {
         for (std::size_t i = b0; i < b1; ++i) sq += double(grad[c][i - base]) * double(grad[c][i - base]);
       }
     }
-    float scale = 1.f / static_cast<float>(dp_);
+    float scale = 1.f / (static_cast<float>(dp_) * loss_scale);  // gradients sum over dp and carry the loss scale
     mesh_.world().all_reduce(std::span<const double>(&sq, 1), std::span<double>(&sq, 1), loom::comm::reduce_op::sum);
     st.grad_norm = std::sqrt(sq) * scale;
     // the loss of the global batch (the last virtual stage's tp rank 0 ranks hold it)
@@ -231,8 +239,11 @@ class trainer {
     double loss = holds_loss ? run.loss / double(m) / double(dp_) : 0.0;
     mesh_.world().all_reduce(std::span<const double>(&loss, 1), std::span<double>(&loss, 1), loom::comm::reduce_op::sum);
     st.loss = loss;
-    if (!std::isfinite(st.grad_norm)) {
-      st.skipped = true;  // every rank saw the same norm; parameters and master are unchanged
+    // every rank saw the same norm, so every scaler takes the same decision (and one at its
+    // minimum scale throws the same loom::error on every rank)
+    const bool apply = loom::amp::update(opt_.loss_scaler, !std::isfinite(st.grad_norm));
+    if (!apply) {
+      st.skipped = true;  // parameters and master are unchanged
       st.seconds = seconds(t0, clock::now());
       return st;
     }
@@ -331,7 +342,7 @@ class trainer {
       auto& mdl = t->model(c);
       const auto c0 = std::chrono::steady_clock::now();
       if (!grad_output.empty()) std::copy(grad_output.begin(), grad_output.end(), mdl.output_grad(mb).begin());
-      mdl.backward(mb, T(1) / T(t->opt_.micro_batches));
+      mdl.backward(mb, T(loom::amp::scale_of(t->opt_.loss_scaler)) / T(t->opt_.micro_batches));
       if (!grad_input.empty()) std::copy_n(mdl.input_grad(mb).begin(), grad_input.size(), grad_input.begin());
       mdl.release(mb);
       busy += seconds(c0, std::chrono::steady_clock::now());

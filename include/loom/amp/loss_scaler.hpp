@@ -24,6 +24,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <variant>
 
 namespace loom::amp {
 
@@ -124,5 +125,18 @@ class dynamic_loss_scaler {
   dynamic_loss_scaler_options o_;
   dynamic_loss_scaler_state s_;
 };
+
+/// Either scaler, chosen at run time (a trainer reading a ds_config: static for fp32, bf16 and
+/// fp16 with a fixed loss_scale, dynamic for fp16 with loss_scale 0).
+using any_loss_scaler = std::variant<static_loss_scaler, dynamic_loss_scaler>;
+
+/// The scale backward runs with now.
+inline float scale_of(const any_loss_scaler& s) noexcept {
+  return std::visit([](const auto& x) { return x.scale(); }, s);
+}
+/// Feeds the agreed overflow flag of one step; true when the step applies (see update()).
+inline bool update(any_loss_scaler& s, bool overflow) {
+  return std::visit([&](auto& x) { return x.update(overflow); }, s);
+}
 
 }  // namespace loom::amp

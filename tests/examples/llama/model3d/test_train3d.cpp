@@ -116,3 +116,129 @@ TEST_CASE("an inf/NaN gradient on one rank makes every rank skip the step") {
     }
   }
 }
+
+// ---- loss scaling and low-precision parameter storage (the seed's fp16 ds_config) ----
+
+namespace {
+void counting(std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+  llama3d::counting_batch(7, step, g, 2, 8, 32, tok, tgt);
+}
+}  // namespace
+
+TEST_CASE("a dynamic loss scale (powers of two) trains exactly as no scale, growing every window on all ranks") {
+  // Scaling the loss by 2^k scales every gradient by exactly 2^k in binary floating point, and
+  // the step divides it out before the norm, the clipping and AdamW: losses, gradient norms
+  // and master weights must be the (1,1,1) unscaled run's (1e-5: only the mesh's summation
+  // order differs), and the scale must follow DeepSpeed's rule: x2 after every
+  // `scale_window` steps without overflow. Clipping at 0.85 is active in some steps only.
+  const int m = 2;
+  struct result {
+    run_result run;
+    std::vector<double> norms;
+    std::vector<float> scales;
+  };
+  auto train = [&](loom::comm::mesh_shape mesh, int zero, int micro, loom::amp::any_loss_scaler scaler) {
+    auto o = options(mesh, zero, "1f1b", micro);
+    o.gradient_clipping = 0.85f;
+    o.loss_scaler = scaler;
+    result out;
+    loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
+      trainer_t t(world, tiny(false), o, loom::default_resource<loom::host>());
+      result r;
+      for (int s = 0; s < steps; ++s) {
+        const auto st = t.step(counting);
+        CHECK(!st.skipped);
+        r.run.losses.push_back(st.loss);
+        r.norms.push_back(st.grad_norm);
+        r.scales.push_back(st.loss_scale);
+      }
+      r.run.master = t.consolidated_master();
+      if (world.rank() == 0) out = r;
+    });
+    return out;
+  };
+  const result base = train({1, 1, 1}, 0, 2 * m, loom::amp::static_loss_scaler(1.f));
+  int clipped = 0;
+  for (double nrm : base.norms) clipped += nrm > 0.85;
+  CHECK(clipped > 0);
+  CHECK(clipped < steps);
+  for (int zero : {0, 3}) {
+    CAPTURE(zero);
+    const result got = train({2, 2, 2}, zero, m, loom::amp::dynamic_loss_scaler({.initial_scale = 1024.f, .scale_window = 3}));
+    compare(got.run, base.run);
+    for (int s = 0; s < steps; ++s) {
+      CAPTURE(s);
+      CHECK(std::abs(got.norms[std::size_t(s)] - base.norms[std::size_t(s)]) <= 1e-5 * base.norms[std::size_t(s)]);
+      CHECK(got.scales[std::size_t(s)] == std::ldexp(1024.f, s / 3));
+    }
+  }
+}
+
+TEST_CASE("an overflow on one rank halves every rank's scale after the hysteresis; at the minimum scale every rank throws") {
+  // A NaN parameter on rank 5 makes every step's gradient non-finite. DeepSpeed's rule with
+  // hysteresis 2: the first overflow only uses up the hysteresis, each later one halves the
+  // scale, and an overflow at min_scale is an error.
+  auto o = options({2, 2, 2}, 2, "1f1b", 2);
+  o.loss_scaler = loom::amp::dynamic_loss_scaler({.initial_scale = 16.f, .hysteresis = 2, .min_scale = 1.f});
+  const std::vector<float> want = {16, 16, 8, 4, 2, 1};  // the scale each skipped step ran with
+  std::vector<std::vector<float>> seen(8);
+  std::vector<int> threw(8, 0);
+  CHECK_THROWS_WITH_AS(loom::comm::run_ranks(8,
+                                             [&](thread_comm& world) {
+                                               trainer_t t(world, tiny(false), o, loom::default_resource<loom::host>());
+                                               if (world.rank() == 5) t.model().params()[3] = std::nan("");
+                                               auto& mine = seen[std::size_t(world.rank())];
+                                               try {
+                                                 for (int s = 0; s < 10; ++s) {
+                                                   const auto st = t.step(counting);
+                                                   CHECK(st.skipped);
+                                                   mine.push_back(st.loss_scale);
+                                                 }
+                                               } catch (const loom::error&) {
+                                                 threw[std::size_t(world.rank())] = 1;
+                                                 CHECK(t.steps() == 0);
+                                                 throw;
+                                               }
+                                             }),
+                       doctest::Contains("loss scale already at its minimum"), loom::error);
+  for (int r = 0; r < 8; ++r) {
+    CAPTURE(r);
+    CHECK(threw[std::size_t(r)] == 1);
+    CHECK(seen[std::size_t(r)] == std::vector<float>(want.begin(), want.end() - 1));
+  }
+}
+
+namespace {
+/// (1,1,1) fp32 or a (2,2,2) run with parameters stored as P: losses of 20 steps.
+template <class P>
+std::vector<double> losses_with(loom::comm::mesh_shape mesh, int zero, loom::amp::any_loss_scaler scaler) {
+  auto o = options(mesh, zero, "1f1b", mesh.dp == 1 ? 4 : 2);
+  o.loss_scaler = scaler;
+  std::vector<double> out;
+  loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
+    llama3d::trainer<P, float, thread_comm> t(world, tiny(false), o, loom::default_resource<loom::host>());
+    std::vector<double> l;
+    for (int s = 0; s < steps; ++s) l.push_back(t.step(counting).loss);
+    if (world.rank() == 0) out = l;
+  });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("bfloat16 and half parameter storage (fp32 master, dynamic scale for half) track the fp32 run on (2,2,2)") {
+  const auto ref = losses_with<float>({1, 1, 1}, 0, loom::amp::static_loss_scaler(1.f));
+  REQUIRE(ref.size() == std::size_t(steps));
+  CHECK(ref.back() < ref.front() - 0.1);
+  for (int zero : {0, 3}) {
+    CAPTURE(zero);
+    const auto bf = losses_with<loom::bfloat16>({2, 2, 2}, zero, loom::amp::static_loss_scaler(1.f));
+    const auto h = losses_with<loom::half>({2, 2, 2}, zero, loom::amp::dynamic_loss_scaler{});
+    for (int s = 0; s < steps; ++s) {
+      CAPTURE(s);
+      CHECK(std::abs(bf[std::size_t(s)] - ref[std::size_t(s)]) <= 2e-2 * ref[std::size_t(s)]);
+      CHECK(std::abs(h[std::size_t(s)] - ref[std::size_t(s)]) <= 1e-2 * ref[std::size_t(s)]);
+    }
+    // and they are not the fp32 run itself: storage rounding shows in the losses
+    CHECK(bf.back() != ref.back());
+  }
+}
