@@ -14,13 +14,13 @@
 #endif
 
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <type_traits>
 #include <cstdio>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -43,7 +43,8 @@ struct program_options {
   llama::config cfg;
   llama3d::train_options train;
   std::string config_path;
-  loom::dtype precision = loom::dtype::f32;
+  std::optional<loom::dtype> precision_flag;  ///< --precision
+  loom::dtype precision = loom::dtype::f32;   ///< what the run stores parameters as
   std::int64_t steps = 20;
   int print_every = 1;
   bool help = false;
@@ -82,13 +83,21 @@ program_options parse(int argc, char** argv) {
     else if (a == "--lr") o.train.adamw.lr = number<float>(a, value());
     else if (a == "--clip") o.train.gradient_clipping = number<float>(a, value());
     else if (a == "--seed") o.train.seed = number<std::uint64_t>(a, value());
-    else if (a == "--precision") o.precision = examples::cli::precision(a, value());
+    else if (a == "--precision") o.precision_flag = examples::cli::precision(a, value());
     else if (a == "--print-every") o.print_every = number<int>(a, value());
     else return false;
     return true;
   });
   o.cfg.seq_len = std::max(o.cfg.seq_len, o.train.seq);
+  o.precision = o.precision_flag.value_or(loom::dtype::f32);
   return o;
+}
+
+/// "  scale 65536" (the loss scale of an fp16 step, %g).
+std::string scale_text(float scale) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "  scale %g", double(scale));
+  return buf;
 }
 
 #ifdef LOOM_HAS_MPI
@@ -140,6 +149,9 @@ int main(int argc, char** argv) {
       ctx.grad_accum = o.train.micro_batches;
       ctx.precision = o.precision;
       loom::io::resolve_ds_config(c, ctx);
+      LOOM_CHECK(!o.precision_flag || *o.precision_flag == c.precision(), "llama-train3d: --precision ",
+                 std::string(loom::dtype_name(*o.precision_flag)), " contradicts the config's ",
+                 std::string(loom::dtype_name(c.precision())), " (", o.config_path, ")");
       // offload to cpu: optimizer states and parameters live in host memory on the host
       // backend already; nvme (optimizer states in a file) is zero::engine's, not this trainer's
       LOOM_CHECK(c.zero.offload_optimizer.device != loom::io::offload_device::nvme,
@@ -215,7 +227,7 @@ int main(int argc, char** argv) {
         if (r == 0 && (s % o.print_every == 0 || s + 1 == o.steps))
           std::printf("step %4lld  loss %.4f  grad_norm %.3f%s%s  %.0f tokens/s  peak memory/rank %.1f KiB\n", (long long)s + 1,
                       st.loss, st.grad_norm,
-                      o.precision == loom::dtype::f16 ? ("  scale " + std::to_string(std::lround(st.loss_scale))).c_str() : "",
+                      o.precision == loom::dtype::f16 ? scale_text(st.loss_scale).c_str() : "",
                       st.skipped ? " (skipped: overflow)" : "", tokens / secs, peak / 1024.0);
       }
     };
