@@ -83,8 +83,8 @@ TEST_CASE("llama-train: fp16 with ZeRO-3 and dynamic loss scaling tracks fp32") 
 TEST_CASE("llama-train: offload_param and offload_optimizer on cpu (ZeRO-3) reproduce the single-rank trainer") {
   const auto ref = reference();
   auto o = small(4);
-  o.config_path = write_config(3, "");
-  {  // the same stage-3 config with both offloads, as the seed's config has them
+  o.config_path = "zero_llama_train_test_offload.json";
+  {  // write_config(3)'s settings with both offloads, as the seed's config has them
     std::ofstream f(o.config_path);
     f << "{\"train_batch_size\": 8, \"gradient_clipping\": 0.5, \"zero_optimization\": {\"stage\": 3,"
          " \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true},"
