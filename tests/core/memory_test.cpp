@@ -89,6 +89,35 @@ TEST_CASE("limits and bad arguments throw loom::error naming the value") {
   r.deallocate(big, 256, 256);
 }
 
+TEST_CASE("blocks of 4 MiB and more are 2 MiB-aligned (huge pages), smaller ones as asked; accounting unchanged") {
+  REQUIRE(loom::detail::host_hugepages());  // CTest leaves LOOM_HUGEPAGES unset: on
+  loom::host_memory_resource r("big");
+  const std::size_t mib = std::size_t(1) << 20;
+  struct block {
+    std::size_t bytes, alignment, want;
+  };
+  for (const block b : {block{5 * mib, 64, 2 * mib}, block{4 * mib, 64, 2 * mib}, block{4 * mib - 64, 64, 64},
+                        block{mib, 256, 256}, block{8 * mib, 4 * mib, 4 * mib}}) {
+    CAPTURE(b.bytes);
+    CAPTURE(b.alignment);
+    CHECK(loom::host_memory_resource::block_alignment(b.bytes, b.alignment) == b.want);
+    auto* p = static_cast<unsigned char*>(r.allocate(b.bytes, b.alignment));
+    CHECK(reinterpret_cast<std::uintptr_t>(p) % b.want == 0);
+    CHECK(r.current_bytes() == b.bytes);
+    for (std::size_t i = 0; i < b.bytes; i += 4096) p[i] = static_cast<unsigned char>(i >> 12);  // every page writable
+    p[b.bytes - 1] = 7;
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < b.bytes - 1; i += 4096) bad += p[i] != static_cast<unsigned char>(i >> 12);
+    CHECK(bad == 0);
+    r.deallocate(p, b.bytes, b.alignment);  // with the same (bytes, alignment): the same real alignment
+    CHECK(r.current_bytes() == 0);
+  }
+  CHECK(loom::detail::parse_hugepages(nullptr));
+  CHECK(loom::detail::parse_hugepages("1"));
+  CHECK_FALSE(loom::detail::parse_hugepages("0"));
+  CHECK_THROWS_WITH_AS(loom::detail::parse_hugepages("yes"), doctest::Contains("LOOM_HUGEPAGES='yes'"), loom::error);
+}
+
 TEST_CASE("accounting is exact under concurrent use") {
   loom::host_memory_resource r;
   std::vector<std::thread> threads;

@@ -10,18 +10,31 @@
 //
 // Resources here: host_memory_resource (aligned host memory). core/cuda/memory.hpp adds
 // pinned_host_memory_resource and cuda_memory_resource with the same accounting.
+//
+// Large host blocks (>= 4 MiB) are 2 MiB-aligned and marked MADV_HUGEPAGE on Linux, so where
+// transparent huge pages are in "madvise" mode (Debian's default) a model's weights,
+// gradients and activations sit on 2 MiB pages: GEMMs stream them with far fewer TLB misses
+// (training steps +1.2-1.3% on the 2-core machine, docs/benchmarks.md). The slack of the
+// alignment is address space, not resident memory. LOOM_HUGEPAGES=0 turns it off.
 
 #include <loom/core/config.hpp>
 #include <loom/core/device.hpp>
 #include <loom/core/error.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <string>
 #include <string_view>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace loom {
 
@@ -103,23 +116,50 @@ class memory_resource {
   std::atomic<std::size_t> limit_{std::numeric_limits<std::size_t>::max()};
 };
 
-/// Aligned host memory from the global operator new.
+namespace detail {
+inline constexpr std::size_t huge_page = std::size_t(2) << 20;
+/// LOOM_HUGEPAGES's value (null or empty: on); a loom::error names a bad one.
+inline bool parse_hugepages(const char* v) {
+  if (!v || !*v) return true;
+  LOOM_CHECK(std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0, "LOOM_HUGEPAGES='", v, "' is not 0 or 1");
+  return v[0] == '1';
+}
+/// Whether large host blocks get huge pages (LOOM_HUGEPAGES, read on first use).
+inline bool host_hugepages() {
+  static const bool on = parse_hugepages(std::getenv("LOOM_HUGEPAGES"));
+  return on;
+}
+}  // namespace detail
+
+/// Aligned host memory from the global operator new; blocks of 4 MiB and more 2 MiB-aligned
+/// and offered huge pages (see the header comment).
 class host_memory_resource final : public memory_resource {
  public:
   explicit host_memory_resource(std::string name = "host") : memory_resource(std::move(name)) {}
   bool host_accessible() const noexcept override { return true; }
 
+  /// The alignment a block of `bytes` asked with `alignment` really gets.
+  static std::size_t block_alignment(std::size_t bytes, std::size_t alignment) {
+    return bytes >= 2 * detail::huge_page && detail::host_hugepages() ? std::max(alignment, detail::huge_page) : alignment;
+  }
+
  protected:
   void* do_allocate(std::size_t bytes, std::size_t alignment) override {
+    const std::size_t a = block_alignment(bytes, alignment);
+    void* p = nullptr;
     try {
-      return ::operator new(bytes, std::align_val_t{alignment});
+      p = ::operator new(bytes, std::align_val_t{a});
     } catch (const std::bad_alloc&) {
       LOOM_THROW(name(), ": out of host memory allocating bytes=", bytes, " (", current_bytes() - bytes,
                  " bytes in use by this resource)");
     }
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (a >= detail::huge_page) (void)::madvise(p, bytes / detail::huge_page * detail::huge_page, MADV_HUGEPAGE);  // advice only
+#endif
+    return p;
   }
-  void do_deallocate(void* p, std::size_t, std::size_t alignment) noexcept override {
-    ::operator delete(p, std::align_val_t{alignment});
+  void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
+    ::operator delete(p, std::align_val_t{block_alignment(bytes, alignment)});
   }
 };
 
