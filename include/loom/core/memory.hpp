@@ -14,7 +14,7 @@
 // Large host blocks (>= 4 MiB) are 2 MiB-aligned and marked MADV_HUGEPAGE on Linux, so where
 // transparent huge pages are in "madvise" mode (Debian's default) a model's weights,
 // gradients and activations sit on 2 MiB pages: GEMMs stream them with far fewer TLB misses
-// (training steps +1.2-1.3% on the 2-core machine, docs/benchmarks.md). The slack of the
+// (training steps +1.2-1.6% on the 2-core machine, docs/benchmarks.md). The slack of the
 // alignment is address space, not resident memory. LOOM_HUGEPAGES=0 turns it off.
 
 #include <loom/core/config.hpp>

@@ -109,9 +109,7 @@ class thread_pool {
       claim_.store(std::uint64_t(gen) << 32 | std::uint64_t(np) << 16 | 1u, std::memory_order_release);
       if (sleepers_ > 0) cv_work_.notify_all();
     }
-    run_part(0);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
-    for (int p; (p = claim(gen)) >= 0;) {
+    for (int p = 0; p >= 0; p = claim(gen)) {  // part 0, then whatever is still unclaimed
       run_part(p);
       pending_.fetch_sub(1, std::memory_order_acq_rel);
     }
