@@ -56,6 +56,7 @@ function(loom_add_test name)
     set(main loom_test_main)
   endif()
   target_link_libraries(${name} PRIVATE ${main} loom::loom doctest::doctest loom_warnings ${T_LIBS})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)  # <support/...>
   if(T_GPU)
     set_target_properties(${name} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
     list(APPEND T_LABELS gpu)

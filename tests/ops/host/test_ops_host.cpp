@@ -3,6 +3,8 @@
 // bad input against loom::error.
 #include "grad_check.hpp"
 
+#include <support/sgemm_kernels.hpp>
+
 #include <loom/core/buffer.hpp>
 #include <loom/core/thread_pool.hpp>
 #include <loom/ops/host/activation.hpp>
@@ -15,6 +17,7 @@
 #include <loom/ops/host/softmax.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <tuple>
@@ -63,46 +66,50 @@ TEST_CASE("gemm: plain, transposed and strided operands against a naive product"
                   loom::error);
 }
 
-TEST_CASE("gemm split over the pool (by rows, by columns) against a naive product; same bits on 1 and 3 threads") {
+TEST_CASE("gemm split over the pool (by rows, by columns) against a naive product; loom's kernels: same bits on 1 and 3 threads") {
   // [m, n, k]: 300 rows make 3 row parts on 3 threads; 10 rows are one tile, so the 2200
   // columns are split instead; 40 x 40 x 40 is too small to split at all.
   const index_t shapes[][3] = {{300, 96, 300}, {10, 2200, 300}, {40, 40, 40}};
-  for (const auto& sh : shapes) {
-    const index_t m = sh[0], n = sh[1], k = sh[2];
-    auto a = to_float(random_vector(m * k, 51)), b = to_float(random_vector(k * n, 52));
-    const auto c0 = to_float(random_vector(m * (n + 3), 53));
-    for (int ta = 0; ta < 2; ++ta)
-      for (int tb = 0; tb < 2; ++tb) {
-        INFO("m=", m, " n=", n, " k=", k, " ta=", ta, " tb=", tb);
-        tensor_view<const float, host, 2> av = ta ? make_view(a.data(), k, m).transpose(0, 1) : make_view(a.data(), m, k);
-        tensor_view<const float, host, 2> bv = tb ? make_view(b.data(), n, k).transpose(0, 1) : make_view(b.data(), k, n);
-        auto product = [&](int threads) {  // C is [m, n] inside rows of n + 3 floats
-          loom::thread_pool pool(threads);
-          loom::host_pool_scope scope(pool);
-          std::vector<float> c = c0;
-          ops::gemm(host{}, av, bv, make_view(c.data(), m, n + 3).slice(1, 0, n), 1.5f, 0.5f);
-          return c;
-        };
-        const auto c1 = product(1), c3 = product(3);
-        CHECK(c1 == c3);
-        int wrong = 0;
-        for (index_t i = 0; i < m; ++i)
-          for (index_t j = 0; j < n + 3; ++j) {
-            const std::size_t at = static_cast<std::size_t>(i * (n + 3) + j);
-            double want = c0[at];  // the 3 padding columns stay untouched
-            if (j < n) {
-              double s = 0;
-              for (index_t p = 0; p < k; ++p) s += double(av(i, p)) * double(bv(p, j));
-              want = 1.5 * s + 0.5 * double(c0[at]);
-            }
-            wrong += std::abs(double(c3[at]) - want) > 1e-4 * (1 + std::abs(want));
+  loom::test::for_each_sgemm_kernel("gemm split over the pool", [&](ops::host_sgemm kernel) {
+    for (const auto& sh : shapes) {
+      const index_t m = sh[0], n = sh[1], k = sh[2];
+      auto a = to_float(random_vector(m * k, 51)), b = to_float(random_vector(k * n, 52));
+      const auto c0 = to_float(random_vector(m * (n + 3), 53));
+      for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb) {
+          INFO("m=", m, " n=", n, " k=", k, " ta=", ta, " tb=", tb);
+          tensor_view<const float, host, 2> av = ta ? make_view(a.data(), k, m).transpose(0, 1) : make_view(a.data(), m, k);
+          tensor_view<const float, host, 2> bv = tb ? make_view(b.data(), n, k).transpose(0, 1) : make_view(b.data(), k, n);
+          auto product = [&](int threads) {  // C is [m, n] inside rows of n + 3 floats
+            loom::thread_pool pool(threads);
+            loom::host_pool_scope scope(pool);
+            std::vector<float> c = c0;
+            ops::gemm(host{}, av, bv, make_view(c.data(), m, n + 3).slice(1, 0, n), 1.5f, 0.5f);
+            return c;
+          };
+          const auto c1 = product(1), c3 = product(3);
+          if (loom::test::split_invariant(kernel)) CHECK(c1 == c3);  // BLAS: each within rounding (below)
+          for (const auto* c : {&c1, &c3}) {
+            int wrong = 0;
+            for (index_t i = 0; i < m; ++i)
+              for (index_t j = 0; j < n + 3; ++j) {
+                const std::size_t at = static_cast<std::size_t>(i * (n + 3) + j);
+                double want = c0[at];  // the 3 padding columns stay untouched
+                if (j < n) {
+                  double s = 0;
+                  for (index_t p = 0; p < k; ++p) s += double(av(i, p)) * double(bv(p, j));
+                  want = 1.5 * s + 0.5 * double(c0[at]);
+                }
+                wrong += !(std::abs(double((*c)[at]) - want) <= 1e-4 * (1 + std::abs(want)));
+              }
+            CHECK(wrong == 0);
           }
-        CHECK(wrong == 0);
-      }
-  }
+        }
+    }
+  });
 }
 
-TEST_CASE("gemm_batch: the same bits as gemm() on each product in turn, on 1 and 3 threads; against a naive product") {
+TEST_CASE("gemm_batch: the same bits as gemm() on each product in turn; loom's kernels also on 3 threads; against a naive product") {
   // One batch as a layer group uses it: three products accumulating into one C (different K,
   // one with transposed B), two independent ones (one with 10 rows: split by columns), and a
   // product too small to split (runs whole in one part).
@@ -135,24 +142,28 @@ TEST_CASE("gemm_batch: the same bits as gemm() on each product in turn, on 1 and
     }
     return std::tuple{c, c4, c5};
   };
-  const auto seq = run(1, false), one = run(1, true), three = run(3, true), seq3 = run(3, false);
-  CHECK(one == seq);
-  CHECK(three == seq);
-  CHECK(seq3 == seq);
-  // the accumulated C against a naive sum of the three products
-  const auto& c = std::get<0>(three);
-  int wrong = 0;
-  for (index_t r = 0; r < n; ++r)
-    for (index_t j = 0; j < d; ++j) {
-      double want = c0[static_cast<std::size_t>(r * d + j)];
-      for (int i = 0; i < 3; ++i)
-        for (index_t p = 0; p < ks[i]; ++p) {
-          const double bij = i == 1 ? B[1][static_cast<std::size_t>(j * ks[1] + p)] : B[i][static_cast<std::size_t>(p * d + j)];
-          want += double(A[i][static_cast<std::size_t>(r * ks[i] + p)]) * bij;
-        }
-      wrong += std::abs(double(c[static_cast<std::size_t>(r * d + j)]) - want) > 1e-4 * (1 + std::abs(want));
+  loom::test::for_each_sgemm_kernel("gemm_batch", [&](ops::host_sgemm kernel) {
+    const auto seq = run(1, false), one = run(1, true), three = run(3, true), seq3 = run(3, false);
+    CHECK(one == seq);
+    if (loom::test::split_invariant(kernel)) {  // BLAS's bits depend on the split
+      CHECK(three == seq);
+      CHECK(seq3 == seq);
     }
-  CHECK(wrong == 0);
+    // the accumulated C against a naive sum of the three products
+    const auto& c = std::get<0>(three);
+    int wrong = 0;
+    for (index_t r = 0; r < n; ++r)
+      for (index_t j = 0; j < d; ++j) {
+        double want = c0[static_cast<std::size_t>(r * d + j)];
+        for (int i = 0; i < 3; ++i)
+          for (index_t p = 0; p < ks[i]; ++p) {
+            const double bij = i == 1 ? B[1][static_cast<std::size_t>(j * ks[1] + p)] : B[i][static_cast<std::size_t>(p * d + j)];
+            want += double(A[i][static_cast<std::size_t>(r * ks[i] + p)]) * bij;
+          }
+        wrong += std::abs(double(c[static_cast<std::size_t>(r * d + j)]) - want) > 1e-4 * (1 + std::abs(want));
+      }
+    CHECK(wrong == 0);
+  });
   std::vector<float> bad(4 * 4);
   const ops::gemm_op<float> mismatch{make_view(a5.data(), 20, 8), make_view(b5.data(), 12, 8), make_view(bad.data(), 4, 4)};
   CHECK_THROWS_WITH_AS(ops::gemm_batch(host{}, {mismatch}), doctest::Contains("inner dimensions differ"), loom::error);
@@ -550,29 +561,31 @@ TEST_CASE("host kernels split over the pool give bit-identical results on 1 and 
 }
 
 namespace {
-/// The float GEMM kernels this CPU has (BLAS always; loom's where AVX-512F is there).
-std::vector<ops::host_sgemm> sgemm_kernels() {
-  if (ops::detail::sgemm_avx512_supported()) return {ops::host_sgemm::blas, ops::host_sgemm::loom};
-  MESSAGE("no AVX-512F on this CPU: loom's sgemm kernel is not tested here");
-  return {ops::host_sgemm::blas};
+/// The rule by which loom's sgemm kernels compute each element of C (ops/host/sgemm.hpp),
+/// written as a plain scalar loop with std::fma: an independent oracle for their exact bits.
+float sgemm_rule(const tensor_view<const float, host, 2>& a, const tensor_view<const float, host, 2>& b, index_t i,
+                 index_t j, float alpha, float beta, float c) {
+  const index_t k = a.extent(1);
+  for (index_t k0 = 0; k0 < k; k0 += ops::detail::sgemm_kc) {
+    float acc = 0.f;
+    for (index_t p = k0; p < std::min(k, k0 + ops::detail::sgemm_kc); ++p) acc = std::fma(a(i, p), b(p, j), acc);
+    const float beta_k = k0 == 0 ? beta : 1.f;
+    c = beta_k == 0.f ? alpha * acc : std::fma(alpha, acc, beta_k * c);
+  }
+  return c;
 }
-/// Sets the float GEMM kernel while alive.
-struct sgemm_kernel_scope {
-  ops::host_sgemm old = ops::host_sgemm_kernel();
-  explicit sgemm_kernel_scope(ops::host_sgemm k) { ops::set_host_sgemm(k); }
-  ~sgemm_kernel_scope() { ops::set_host_sgemm(old); }
-};
 }  // namespace
 
-TEST_CASE("sgemm kernels (loom's AVX-512 and BLAS): every layout, edge sizes, alpha/beta against a naive product") {
-  // m and n around the kernel's 12-row and 32-column tiles, k across its 512-deep blocks (and
-  // k = 1024: rows 4 KiB apart, which the kernel reads in 8-row tiles: m = 7, 11, 13, 37 end in
-  // shorter ones);
-  // C has 5 padding columns that must stay untouched; beta = 0 must not read C (NaN there).
-  const index_t ms[] = {1, 7, 11, 12, 13, 37}, ns[] = {1, 15, 16, 17, 32, 33, 70}, ks[] = {1, 16, 17, 513, 1024, 1100};
-  for (const auto kernel : sgemm_kernels()) {
-    const sgemm_kernel_scope use(kernel);
-    int wrong = 0, cases = 0;
+TEST_CASE("sgemm kernels (avx512, avx2, blas): every layout, edge sizes, alpha/beta against a naive product; loom's bit for bit against their rule") {
+  // m and n around the kernels' tiles (12 x 32 and 6 x 16), k across their 512-deep blocks
+  // (and k = 1024: rows 4 KiB apart, which the AVX-512 kernel reads in 8-row tiles: m = 7, 11,
+  // 13, 37 end in shorter ones); C has 5 padding columns that must stay untouched; beta = 0
+  // must not read C (NaN there). loom's kernels must give exactly the bits of sgemm_rule, so
+  // they also give the same bits as each other.
+  const index_t ms[] = {1, 5, 6, 7, 11, 12, 13, 37}, ns[] = {1, 7, 8, 9, 15, 16, 17, 32, 33, 70},
+                ks[] = {1, 8, 17, 513, 1024, 1100};
+  loom::test::for_each_sgemm_kernel("every layout and edge size", [&](ops::host_sgemm kernel) {
+    int wrong = 0, not_rule = 0, cases = 0;
     for (const index_t m : ms)
       for (const index_t n : ns)
         for (const index_t k : ks)
@@ -598,20 +611,22 @@ TEST_CASE("sgemm kernels (loom's AVX-512 and BLAS): every layout, edge sizes, al
                     for (index_t p = 0; p < k; ++p) s += double(av(i, p)) * double(bv(p, j)), sa += std::abs(double(av(i, p)) * double(bv(p, j)));
                     want = -1.25 * s + double(beta) * double(c0[at]);
                     scale = 1 + sa;
+                    if (loom::test::split_invariant(kernel))
+                      not_rule += std::bit_cast<std::uint32_t>(c[at]) !=
+                                  std::bit_cast<std::uint32_t>(sgemm_rule(av, bv, i, j, -1.25f, beta, c0[at]));
+                  } else {
+                    not_rule += std::bit_cast<std::uint32_t>(c[at]) != std::bit_cast<std::uint32_t>(c0[at]);
                   }
                   wrong += !(std::abs(double(c[at]) - want) <= 1e-5 * scale);  // NaN counts as wrong
                 }
             }
-    INFO("kernel ", kernel == ops::host_sgemm::loom ? "loom" : "blas", ": ", cases, " products");
+    INFO(cases, " products");
     CHECK(wrong == 0);
-  }
+    CHECK(not_rule == 0);
+  });
 }
 
-TEST_CASE("loom's sgemm kernel and BLAS on a training step's shapes against an exact product; same bits on 1 and 3 threads") {
-  if (!ops::detail::sgemm_avx512_supported()) {
-    MESSAGE("no AVX-512F on this CPU: nothing to compare");
-    return;
-  }
+TEST_CASE("sgemm kernels on a training step's shapes against an exact product; loom's: same bits on 1 and 3 threads and as each other") {
   // x W^T, dy W and dy^T x of a 1024-token linear layer, 128 -> 352
   const index_t t = 1024, d = 128, h = 352;
   const auto x = to_float(random_vector(t * d, 93)), w = to_float(random_vector(h * d, 94)), dy = to_float(random_vector(t * h, 95));
@@ -620,35 +635,50 @@ TEST_CASE("loom's sgemm kernel and BLAS on a training step's shapes against an e
       {make_view(dy.data(), t, h), make_view(w.data(), h, d), t, d},
       {make_view(dy.data(), t, h).transpose(0, 1), make_view(x.data(), t, d), h, d}};
   for (const auto& [av, bv, m, n] : products) {
-    auto run = [&](ops::host_sgemm kernel, int threads) {
-      const sgemm_kernel_scope use(kernel);
+    auto run = [&](int threads) {
       loom::thread_pool pool(threads);
       loom::host_pool_scope scope(pool);
       std::vector<float> c(static_cast<std::size_t>(m * n));
       ops::gemm(host{}, av, bv, make_view(c.data(), m, n));
       return c;
     };
-    const auto blas = run(ops::host_sgemm::blas, 1), loom1 = run(ops::host_sgemm::loom, 1), loom3 = run(ops::host_sgemm::loom, 3);
-    CHECK(loom1 == loom3);
-    int wrong = 0;  // both within float rounding of the exact product
-    for (index_t i = 0; i < m; ++i)
-      for (index_t j = 0; j < n; ++j) {
-        double s = 0, sa = 0;
-        for (index_t p = 0; p < av.extent(1); ++p) s += double(av(i, p)) * double(bv(p, j)), sa += std::abs(double(av(i, p)) * double(bv(p, j)));
-        const std::size_t at = static_cast<std::size_t>(i * n + j);
-        wrong += !(std::abs(double(loom1[at]) - s) <= 1e-6 * sa) + !(std::abs(double(blas[at]) - s) <= 1e-6 * sa);
+    std::vector<std::vector<float>> loom_results;
+    loom::test::for_each_sgemm_kernel("a training step's GEMM shapes", [&](ops::host_sgemm kernel) {
+      const auto one = run(1), three = run(3);
+      if (loom::test::split_invariant(kernel)) {
+        CHECK(one == three);
+        loom_results.push_back(one);
       }
-    CHECK(wrong == 0);
+      int wrong = 0;  // within float rounding of the exact product
+      for (index_t i = 0; i < m; ++i)
+        for (index_t j = 0; j < n; ++j) {
+          double s = 0, sa = 0;
+          for (index_t p = 0; p < av.extent(1); ++p) s += double(av(i, p)) * double(bv(p, j)), sa += std::abs(double(av(i, p)) * double(bv(p, j)));
+          const std::size_t at = static_cast<std::size_t>(i * n + j);
+          wrong += !(std::abs(double(one[at]) - s) <= 1e-6 * sa) + !(std::abs(double(three[at]) - s) <= 1e-6 * sa);
+        }
+      CHECK(wrong == 0);
+    });
+    for (std::size_t i = 1; i < loom_results.size(); ++i) CHECK(loom_results[i] == loom_results[0]);  // avx512 == avx2
   }
 }
 
-TEST_CASE("LOOM_SGEMM: loom, blas and auto; anything else is a loom::error naming it") {
+TEST_CASE("LOOM_SGEMM: avx512, avx2, blas and auto (the best the CPU has); a kernel the CPU lacks or any other value is a loom::error naming it") {
   CHECK(ops::detail::parse_host_sgemm("blas") == ops::host_sgemm::blas);
   CHECK(ops::detail::parse_host_sgemm(nullptr) == ops::detail::parse_host_sgemm("auto"));
-  CHECK(ops::detail::parse_host_sgemm("") == (ops::detail::sgemm_avx512_supported() ? ops::host_sgemm::loom : ops::host_sgemm::blas));
-  if (ops::detail::sgemm_avx512_supported())
-    CHECK(ops::detail::parse_host_sgemm("loom") == ops::host_sgemm::loom);
-  else
-    CHECK_THROWS_WITH_AS(ops::detail::parse_host_sgemm("loom"), doctest::Contains("AVX-512F"), loom::error);
+  const ops::host_sgemm best = ops::host_sgemm_supported(ops::host_sgemm::avx512) ? ops::host_sgemm::avx512
+                               : ops::host_sgemm_supported(ops::host_sgemm::avx2) ? ops::host_sgemm::avx2
+                                                                                    : ops::host_sgemm::blas;
+  CHECK(ops::detail::parse_host_sgemm("") == best);
+  for (const auto k : {ops::host_sgemm::avx512, ops::host_sgemm::avx2}) {
+    INFO(ops::name(k));
+    if (ops::host_sgemm_supported(k)) {
+      CHECK(ops::detail::parse_host_sgemm(ops::name(k)) == k);
+    } else {
+      CHECK_THROWS_WITH_AS(ops::detail::parse_host_sgemm(ops::name(k)), doctest::Contains(ops::name(k)), loom::error);
+      CHECK_THROWS_WITH_AS(ops::set_host_sgemm(k), doctest::Contains("this one has none"), loom::error);
+    }
+  }
   CHECK_THROWS_WITH_AS(ops::detail::parse_host_sgemm("mkl"), doctest::Contains("LOOM_SGEMM='mkl'"), loom::error);
+  CHECK_THROWS_WITH_AS(ops::detail::parse_host_sgemm("loom"), doctest::Contains("LOOM_SGEMM='loom'"), loom::error);
 }

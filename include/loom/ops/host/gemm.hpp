@@ -1,7 +1,8 @@
 #pragma once
 // GEMM on the host: C = alpha * A B + beta * C on row-major views. float runs on loom's own
-// AVX-512 kernel (sgemm_avx512.hpp) where the CPU has AVX-512F, else on CBLAS (OpenBLAS);
-// double always on CBLAS. host_sgemm_kernel() / set_host_sgemm() / LOOM_SGEMM choose.
+// kernel (sgemm.hpp) for the best instruction set the CPU has, AVX-512F or AVX2+FMA, else
+// (other CPUs: ARM) on CBLAS (OpenBLAS); double always on CBLAS. host_sgemm_kernel() /
+// set_host_sgemm() / LOOM_SGEMM choose.
 //
 // Why views: a transposed view (`w.transpose(0, 1)`, unit stride in dimension 0) is passed to
 // the kernel as a transposed operand without a copy, and a head's slice of a [B, T, H, hd]
@@ -19,6 +20,7 @@
 // between a GEMM and the next kernel.
 
 #include <loom/ops/host/common.hpp>
+#include <loom/ops/host/sgemm_avx2.hpp>
 #include <loom/ops/host/sgemm_avx512.hpp>
 
 #include <cblas.h>
@@ -29,6 +31,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace loom::ops {
@@ -65,24 +68,51 @@ inline constexpr index_t gemm_min_part_macs = index_t(1) << 21;
 
 }  // namespace detail
 
-/// The kernel behind float GEMMs on the host: loom's AVX-512 kernel (ops/host/sgemm_avx512.hpp;
-/// the default where the CPU has AVX-512F) or BLAS (cblas_sgemm; the default elsewhere, and
-/// always for double). Set by the environment, LOOM_SGEMM=loom|blas|auto, read on first use,
-/// or by set_host_sgemm() (benchmarks compare the two in one process).
-enum class host_sgemm { loom, blas };
+/// The kernel behind float GEMMs on the host: one of loom's (sgemm.hpp; results the same
+/// bits on either, on any thread count) or BLAS (cblas_sgemm; results depend on how a GEMM
+/// is split, so bit-identity across thread counts does not hold there; always for double).
+/// The default is the first the CPU supports of avx512, avx2, blas. Set by the environment,
+/// LOOM_SGEMM=avx512|avx2|blas|auto, read on first use, or by set_host_sgemm() (tests and
+/// benchmarks run every kernel in one process).
+enum class host_sgemm { avx512, avx2, blas };
+
+/// "avx512", "avx2" or "blas".
+inline const char* name(host_sgemm k) noexcept {
+  switch (k) {
+    case host_sgemm::avx512: return "avx512";
+    case host_sgemm::avx2: return "avx2";
+    case host_sgemm::blas: return "blas";
+  }
+  return "?";
+}
+
+/// Whether this CPU runs kernel k (BLAS runs everywhere).
+inline bool host_sgemm_supported(host_sgemm k) noexcept {
+#if LOOM_HAS_SGEMM_X86
+  if (k == host_sgemm::avx512) return detail::sgemm_avx512::supported();
+  if (k == host_sgemm::avx2) return detail::sgemm_avx2::supported();
+#endif
+  return k == host_sgemm::blas;
+}
+
+/// Every kernel, fastest first: avx512, avx2, blas.
+inline constexpr host_sgemm all_host_sgemm[] = {host_sgemm::avx512, host_sgemm::avx2, host_sgemm::blas};
 
 namespace detail {
 inline host_sgemm checked_host_sgemm(host_sgemm k, const char* source) {
-  LOOM_CHECK(k == host_sgemm::blas || sgemm_avx512_supported(), source,
-             ": loom's sgemm kernel needs a CPU with AVX-512F (x86-64, GCC or Clang); this one has none: use blas");
+  LOOM_CHECK(host_sgemm_supported(k), source, ": loom's ", name(k), " sgemm kernel needs a CPU with ",
+             k == host_sgemm::avx512 ? "AVX-512F" : "AVX2 and FMA", " (x86-64, built with GCC or Clang); this one has none");
   return k;
 }
 /// LOOM_SGEMM's value (null or empty: auto) as a kernel; a loom::error names a bad one.
 inline host_sgemm parse_host_sgemm(const char* v) {
-  if (!v || !*v || std::strcmp(v, "auto") == 0) return sgemm_avx512_supported() ? host_sgemm::loom : host_sgemm::blas;
-  if (std::strcmp(v, "blas") == 0) return host_sgemm::blas;
-  LOOM_CHECK(std::strcmp(v, "loom") == 0, "LOOM_SGEMM='", v, "' is not loom, blas or auto");
-  return checked_host_sgemm(host_sgemm::loom, "LOOM_SGEMM=loom");
+  if (!v || !*v || std::strcmp(v, "auto") == 0) {
+    for (const host_sgemm k : all_host_sgemm)
+      if (host_sgemm_supported(k)) return k;
+  }
+  for (const host_sgemm k : all_host_sgemm)
+    if (std::strcmp(v, name(k)) == 0) return checked_host_sgemm(k, "LOOM_SGEMM");
+  LOOM_THROW("LOOM_SGEMM='", std::string(v).substr(0, 32), "' is not avx512, avx2, blas or auto");
 }
 inline std::atomic<host_sgemm>& host_sgemm_choice() {
   static std::atomic<host_sgemm> choice{parse_host_sgemm(std::getenv("LOOM_SGEMM"))};
@@ -92,9 +122,9 @@ inline std::atomic<host_sgemm>& host_sgemm_choice() {
 
 /// The kernel float GEMMs use now.
 inline host_sgemm host_sgemm_kernel() { return detail::host_sgemm_choice().load(std::memory_order_relaxed); }
-/// Chooses the kernel of later float GEMMs (loom on a CPU without AVX-512F is a loom::error).
+/// Chooses the kernel of later float GEMMs (one the CPU lacks is a loom::error).
 inline void set_host_sgemm(host_sgemm k) {
-  detail::host_sgemm_choice().store(detail::checked_host_sgemm(k, "set_host_sgemm(loom)"), std::memory_order_relaxed);
+  detail::host_sgemm_choice().store(detail::checked_host_sgemm(k, "set_host_sgemm"), std::memory_order_relaxed);
 }
 
 /// While alive, OpenBLAS runs each call on one thread (the old count is restored after): for
@@ -137,7 +167,7 @@ struct gemm_plan {
   index_t a_row = 0, b_col = 0, ldc = 0;  // element steps: A's rows, B's columns, C's rows
   blas_operand la{}, lb{};
   T alpha = T(1), beta = T(0);
-  bool loom_sgemm = false;  // float through sgemm_avx512 instead of BLAS
+  host_sgemm kernel = host_sgemm::blas;  // float: loom's kernel or BLAS
 
   index_t row_tiles() const noexcept { return (m + gemm_tile - 1) / gemm_tile; }
   index_t macs() const noexcept { return m * n * std::max<index_t>(k, 1); }
@@ -156,10 +186,12 @@ struct gemm_plan {
     const T* bp = b + j0 * b_col;
     const int bm = static_cast<int>(i1 - i0), bn = static_cast<int>(j1 - j0), bk = static_cast<int>(k);
     if constexpr (std::is_same_v<T, float>) {
-      if (loom_sgemm)
-        sgemm_avx512(la.trans == CblasTrans, lb.trans == CblasTrans, bm, bn, k, alpha, ap, la.ld, bp, lb.ld, beta, cp, ldc);
-      else
-        cblas_sgemm(CblasRowMajor, la.trans, lb.trans, bm, bn, bk, alpha, ap, la.ld, bp, lb.ld, beta, cp, static_cast<int>(ldc));
+      const bool at = la.trans == CblasTrans, bt = lb.trans == CblasTrans;
+#if LOOM_HAS_SGEMM_X86
+      if (kernel == host_sgemm::avx512) return sgemm<sgemm_avx512>(at, bt, bm, bn, k, alpha, ap, la.ld, bp, lb.ld, beta, cp, ldc);
+      if (kernel == host_sgemm::avx2) return sgemm<sgemm_avx2>(at, bt, bm, bn, k, alpha, ap, la.ld, bp, lb.ld, beta, cp, ldc);
+#endif
+      cblas_sgemm(CblasRowMajor, la.trans, lb.trans, bm, bn, bk, alpha, ap, la.ld, bp, lb.ld, beta, cp, static_cast<int>(ldc));
     } else {
       cblas_dgemm(CblasRowMajor, la.trans, lb.trans, bm, bn, bk, alpha, ap, la.ld, bp, lb.ld, beta, cp, static_cast<int>(ldc));
     }
@@ -191,7 +223,8 @@ inline gemm_plan<T> plan_gemm(const tensor_view<TA, host, 2>& a, const tensor_vi
   LOOM_CHECK(g.ldc >= n, "ops::gemm: C's row stride ", g.ldc, " is smaller than its ", n, " columns");
   if (k > 0) g.la = blas_layout(a, "A"), g.lb = blas_layout(b, "B");
   // alpha == 0: BLAS leaves A B out (inf * 0 would otherwise make NaNs); rare, so BLAS does it
-  if constexpr (std::is_same_v<T, float>) g.loom_sgemm = alpha != T(0) && host_sgemm_kernel() == host_sgemm::loom;
+  if constexpr (std::is_same_v<T, float>)
+    if (alpha != T(0)) g.kernel = host_sgemm_kernel();
   return g;
 }
 
