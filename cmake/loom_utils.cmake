@@ -8,3 +8,19 @@ macro(loom_add_subdirectories)
     endif()
   endforeach()
 endmacro()
+
+# loom_bench_march(<target>): a header-only library is compiled for the machine it runs on, so
+# benchmarks let the elementwise loops use it: -march=${LOOM_BENCH_MARCH} (default native).
+# To measure what a CPU without AVX-512 runs on one that has it, configure a second build with
+# -DLOOM_BENCH_MARCH=x86-64-v3 (AVX2 + FMA) and run with LOOM_SGEMM=avx2 (docs/benchmarks.md).
+set(LOOM_BENCH_MARCH native CACHE STRING "-march= for benchmark programs (native, x86-64-v3, ...; empty: none)")
+function(loom_bench_march target)
+  if(LOOM_BENCH_MARCH)
+    include(CheckCXXCompilerFlag)
+    string(MAKE_C_IDENTIFIER "LOOM_HAS_MARCH_${LOOM_BENCH_MARCH}" _var)
+    check_cxx_compiler_flag(-march=${LOOM_BENCH_MARCH} ${_var})
+    if(${_var})
+      target_compile_options(${target} PRIVATE -march=${LOOM_BENCH_MARCH})
+    endif()
+  endif()
+endfunction()

@@ -4,9 +4,8 @@
 //   loom-bench-train-step --dim 288 --layers 6 --heads 6 --kv-heads 6 --hidden 768
 //       --vocab 32000 --seq 256 --batch 4 --steps 3 [--checkpoint]
 //   loom-bench-train-step --sgemm 1024          (GFLOP/s of an n x n x n sgemm, see bench_sgemm)
-//   loom-bench-train-step --dim 128 ... --gemm-shapes   (the model's linear-layer GEMMs on
-//       loom's sgemm kernel and on BLAS, see bench_gemm_shapes)
-//   loom-bench-train-step --dim 128 ... --kernels       (whole steps on each kernel, alternating)
+//   loom-bench-train-step --dim 128 ... --kernels       (whole steps on each sgemm kernel the
+//       CPU runs, round-robin; the GEMMs alone: loom-bench-kernels)
 //
 // Prints one JSON object per run. Threads: OPENBLAS_NUM_THREADS (loom's pool and OpenBLAS
 // both take it). bench_train_step.py runs both beside PyTorch.
@@ -18,7 +17,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,13 +31,13 @@ double seconds_since(clock_type::time_point t0) {
 void usage(const char* why) {
   std::fprintf(stderr,
                "%s\nusage: loom-bench-train-step [--dim N --layers N --heads N --kv-heads N --hidden N --vocab N "
-               "--seq N --batch N --steps N --checkpoint --kernels --gemm-shapes] | [--sgemm N]\n",
+               "--seq N --batch N --steps N --checkpoint --kernels] | [--sgemm N]\n",
                why);
 }
 
 // The practical peak: an n x n x n sgemm, best of 5, both as one OpenBLAS call on its own
-// threads and through ops::gemm (split over loom's pool; loom's kernel where the CPU has
-// AVX-512F); the larger is the peak.
+// threads and through ops::gemm (split over loom's pool, on the kernel LOOM_SGEMM names or
+// the best the CPU has); the larger is the peak.
 int bench_sgemm(long n) {
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
   auto av = loom::make_view(a.data(), n, n), bv = loom::make_view(b.data(), n, n), cv = loom::make_view(c.data(), n, n);
@@ -58,88 +56,40 @@ int bench_sgemm(long n) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.f, a.data(), ni, b.data(), ni, 0.f, c.data(), ni);
   });
   const double loom_gemm = best_gflops([&] { loom::ops::gemm(loom::host{}, av, bv, cv); });
-  std::printf("{\"sgemm_n\": %ld, \"sgemm_gflops\": %.2f, \"openblas_gflops\": %.2f, \"loom_gemm_gflops\": %.2f}\n", n,
-              std::max(openblas, loom_gemm), openblas, loom_gemm);
+  std::printf("{\"sgemm_n\": %ld, \"sgemm_gflops\": %.2f, \"openblas_gflops\": %.2f, \"loom_gemm_gflops\": %.2f, "
+              "\"loom_sgemm_kernel\": \"%s\"}\n",
+              n, std::max(openblas, loom_gemm), openblas, loom_gemm, loom::ops::name(loom::ops::host_sgemm_kernel()));
   return 0;
 }
 
-// --kernels: the same step with float GEMMs on loom's kernel and on BLAS, alternating step by
-// step (the machine's drift hits both alike); best and median of each, and the median of the
-// paired ratios (BLAS step time / loom step time of adjacent steps).
+// --kernels: the same step with float GEMMs on each kernel the CPU runs (avx512, avx2, blas),
+// round-robin step by step (the machine's drift hits all alike); best and median of each,
+// and the median of the paired ratios (BLAS step time / the kernel's, adjacent steps).
 template <class Step>
 int compare_kernels(Step& step, long steps, double flops) {
   using loom::ops::host_sgemm;
-  if (!loom::ops::detail::sgemm_avx512_supported()) {
-    std::fprintf(stderr, "loom-bench-train-step: --kernels needs a CPU with AVX-512F (loom's sgemm kernel)\n");
-    return 1;
-  }
-  std::vector<double> t_loom, t_blas, ratio;
+  std::vector<host_sgemm> ks;
+  for (const host_sgemm k : loom::ops::all_host_sgemm)
+    if (loom::ops::host_sgemm_supported(k)) ks.push_back(k);
+  std::vector<std::vector<double>> t(ks.size()), ratio(ks.size());
   for (long s = 0; s < steps; ++s) {
-    for (host_sgemm k : {host_sgemm::loom, host_sgemm::blas}) {
-      loom::ops::set_host_sgemm(k);
+    for (std::size_t i = 0; i < ks.size(); ++i) {
+      loom::ops::set_host_sgemm(ks[i]);
       const auto t0 = clock_type::now();
       step();
-      (k == host_sgemm::loom ? t_loom : t_blas).push_back(seconds_since(t0));
+      t[i].push_back(seconds_since(t0));
     }
-    ratio.push_back(t_blas.back() / t_loom.back());
+    for (std::size_t i = 0; i < ks.size(); ++i) ratio[i].push_back(t.back().back() / t[i].back());  // blas is last
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
   auto best = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
-  std::printf(
-      "{\"impl\": \"loom\", \"steps\": %ld, \"loom_sgemm_gflops\": %.2f, \"blas_sgemm_gflops\": %.2f, "
-      "\"loom_sgemm_median_s\": %.5f, \"blas_sgemm_median_s\": %.5f, \"median_speedup\": %.3f}\n",
-      steps, flops / best(t_loom) / 1e9, flops / best(t_blas) / 1e9, median(t_loom), median(t_blas), median(ratio));
-  return 0;
-}
-
-// --gemm-shapes: every distinct GEMM of the model's linear layers (forward x W^T, input
-// gradient dy W, weight gradient dy^T x, for q, k/v, o, w1/w3, w2 and the output layer) on
-// the batch's tokens, through ops::gemm with each float kernel in turn, with caches flushed
-// before every call (as in a step, where operands come from the previous kernel); best of 10.
-int bench_gemm_shapes(const llama::config& c, long tokens) {
-  using loom::ops::host_sgemm;
-  if (!loom::ops::detail::sgemm_avx512_supported()) {
-    std::fprintf(stderr, "loom-bench-train-step: --gemm-shapes needs a CPU with AVX-512F (loom's sgemm kernel)\n");
-    return 1;
-  }
-  const long hd = c.dim / c.n_heads;
-  const struct {
-    const char* name;
-    long out, in;
-  } layers[] = {{"q/o", c.dim, c.dim}, {"k/v", c.n_kv_heads * hd, c.dim}, {"w1/w3", c.hidden_dim, c.dim},
-                {"w2", c.dim, c.hidden_dim}, {"output", c.vocab, c.dim}};
-  std::vector<float> flush(std::size_t(64) << 20 >> 2, 1.f);
-  for (const auto& l : layers) {
-    std::vector<float> x(tokens * l.in, 0.5f), w(l.out * l.in, 0.25f), y(tokens * l.out, 0.125f), dx(tokens * l.in),
-        dw(l.out * l.in);
-    auto xv = loom::make_view(x.data(), tokens, l.in), wv = loom::make_view(w.data(), l.out, l.in),
-         yv = loom::make_view(y.data(), tokens, l.out);
-    const struct {
-      const char* what;
-      std::function<void()> call;
-    } products[] = {
-        {"forward x W^T", [&] { loom::ops::gemm(loom::host{}, xv, wv.transpose(0, 1), yv); }},
-        {"dx = dy W", [&] { loom::ops::gemm(loom::host{}, loom::tensor_view<const float, loom::host, 2>(yv), wv, loom::make_view(dx.data(), tokens, l.in)); }},
-        {"dW = dy^T x", [&] { loom::ops::gemm(loom::host{}, yv.transpose(0, 1), xv, loom::make_view(dw.data(), l.out, l.in)); }}};
-    for (const auto& p : products) {
-      double best[2] = {1e30, 1e30};
-      for (int r = 0; r < 10; ++r)
-        for (int k = 0; k < 2; ++k) {
-          loom::ops::set_host_sgemm(k == 0 ? host_sgemm::loom : host_sgemm::blas);
-          for (float& f : flush) f += 1.f;
-          const auto t0 = clock_type::now();
-          p.call();
-          best[k] = std::min(best[k], seconds_since(t0));
-        }
-      const double flops = 2.0 * double(tokens) * double(l.in) * double(l.out);
-      std::printf("{\"layer\": \"%s\", \"product\": \"%s\", \"out\": %ld, \"in\": %ld, \"tokens\": %ld, "
-                  "\"loom_sgemm_gflops\": %.2f, \"blas_sgemm_gflops\": %.2f, \"speedup\": %.3f}\n",
-                  l.name, p.what, l.out, l.in, tokens, flops / best[0] / 1e9, flops / best[1] / 1e9, best[1] / best[0]);
-    }
-  }
+  for (std::size_t i = 0; i < ks.size(); ++i)
+    std::printf("{\"impl\": \"loom\", \"sgemm\": \"%s\", \"steps\": %ld, \"gflops\": %.2f, \"median_s\": %.5f, "
+                "\"median_speedup_over_blas\": %.3f}\n",
+                loom::ops::name(ks[i]), steps, flops / best(t[i]) / 1e9, median(t[i]), median(ratio[i]));
   return 0;
 }
 
@@ -148,7 +98,7 @@ int bench_gemm_shapes(const llama::config& c, long tokens) {
 int main(int argc, char** argv) {
   llama::config c{};
   long batch = 4, steps = 3, sgemm = 0;
-  bool checkpoint = false, kernels = false, gemm_shapes = false;
+  bool checkpoint = false, kernels = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") return usage("loom-bench-train-step: LLaMA training-step throughput"), 0;
@@ -156,8 +106,8 @@ int main(int argc, char** argv) {
       checkpoint = true;
       continue;
     }
-    if (a == "--kernels" || a == "--gemm-shapes") {
-      (a == "--kernels" ? kernels : gemm_shapes) = true;
+    if (a == "--kernels") {
+      kernels = true;
       continue;
     }
     if (i + 1 >= argc) return usage(("missing value after " + a).c_str()), 2;
@@ -177,7 +127,6 @@ int main(int argc, char** argv) {
     else return usage(("unknown option " + a).c_str()), 2;
   }
   if (sgemm) return bench_sgemm(sgemm);
-  if (gemm_shapes) return bench_gemm_shapes(c, batch * c.seq_len);
   try {
     llama::model<float> m(c);
     m.init(1);
@@ -205,8 +154,9 @@ int main(int argc, char** argv) {
     const double flops = m.flops_per_token(c.seq_len) * double(n);
     std::printf(
         "{\"impl\": \"loom\", \"params\": %zu, \"tokens\": %ld, \"step_s\": %.5f, \"tokens_per_s\": %.1f, "
-        "\"gflops\": %.2f, \"loss\": %.5f}\n",
-        m.parameter_count(), n, best, double(n) / best, flops / best / 1e9, double(loss));
+        "\"gflops\": %.2f, \"loss\": %.5f, \"sgemm\": \"%s\"}\n",
+        m.parameter_count(), n, best, double(n) / best, flops / best / 1e9, double(loss),
+        loom::ops::name(loom::ops::host_sgemm_kernel()));
   } catch (const loom::error& e) {
     std::fprintf(stderr, "loom-bench-train-step: %s\n", e.what());
     return 1;

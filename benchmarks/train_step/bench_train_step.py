@@ -146,6 +146,10 @@ if __name__ == "__main__":
     p.add_argument("--steps", type=int, default=None, help="timed steps per process (default: per model, SIZES)")
     p.add_argument("--repeat", type=int, default=3, help="alternating loom/PyTorch runs per model; best of each")
     p.add_argument("--sizes", default=",".join(s[0] for s in SIZES))
+    p.add_argument("--isa", choices=["native", "avx2"], default="native",
+                   help="avx2: measure what a CPU without AVX-512 runs, on one that has it: loom with "
+                        "LOOM_SGEMM=avx2 (build the binary with -DLOOM_BENCH_MARCH=x86-64-v3 too), "
+                        "OpenBLAS with OPENBLAS_CORETYPE=Haswell, PyTorch with ATEN_CPU_CAPABILITY=avx2")
     p.add_argument("--torch-worker", nargs=8, type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     a_steps = args.steps
@@ -156,6 +160,9 @@ if __name__ == "__main__":
         sys.exit(0)
 
     t = args.threads
+    if args.isa == "avx2":
+        LOOM_ENV.update(LOOM_SGEMM="avx2", OPENBLAS_CORETYPE="Haswell")
+        TORCH_ENV.update(OPENBLAS_CORETYPE="Haswell", ATEN_CPU_CAPABILITY="avx2")
     # sgemm peak: the best of measurements taken before every model run, so a busy moment on a
     # shared machine does not lower the bar the models are compared against. The repeats go
     # round the models (tiny, small, medium, tiny, ...), so each model's runs are spread over
@@ -178,6 +185,16 @@ if __name__ == "__main__":
                           r if r["tokens_per_s"] > torch_r["tokens_per_s"] else torch_r)
     rows = [(s[0], list(s[1:9]), *best[s[0]]) for s in sizes]
     sgemm = max(sgemm, run([args.binary, "--sgemm", "1024"], t, LOOM_ENV)["sgemm_gflops"])
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    print("CPU flags: %s; isa: %s; loom's sgemm kernel: %s; OPENBLAS_CORETYPE: %s" % (
+        " ".join(x for x in ("avx2", "fma", "avx512f") if x in flags) or "none of avx2/fma/avx512f", args.isa,
+        rows[0][2].get("sgemm", "?") if rows else "?",
+        LOOM_ENV.get("OPENBLAS_CORETYPE", os.environ.get("OPENBLAS_CORETYPE", "(auto)"))))
     print("threads: %d, sgemm (n=1024, best of the run, on OpenBLAS's threads or split over loom's): %.1f GFLOP/s\n" % (t, sgemm))
     # "PyTorch of sgemm": PyTorch's model FLOP/s as a share of the same bar, so
     # sgemm / PyTorch GFLOP/s is the loom / PyTorch ratio an implementation running exactly at
