@@ -61,8 +61,8 @@ inline std::optional<std::uint64_t> add_u64(std::uint64_t a, std::uint64_t b) {
   return r;
 }
 
-/// The element count of `shape`, or nothing when an extent is negative or the product does not
-/// fit an int64 (what named_tensor::numel returns).
+/// The element count of `shape`, or nothing when an extent is negative or a partial product
+/// does not fit an int64 (what named_tensor::numel returns); [2^40, 2^40, 0] is refused too.
 inline std::optional<std::uint64_t> shape_numel(std::span<const std::int64_t> shape) {
   std::uint64_t n = 1;
   for (auto e : shape) {

@@ -197,3 +197,113 @@ TEST_CASE("llama2.c tokenizer: empty, tokenless, truncated, negative or overlong
   CHECK_ERROR_HAS(llama2c_tokenizer(t.write("ok2.bin", tok(8, {"a", "b", "c"}).b), 2), "vocab_size=2 is too small");
   CHECK_ERROR_HAS(llama2c_tokenizer(t.dir.string()), "is not a regular file");
 }
+
+namespace {
+/// A safetensors file: 8-byte header length, the header, the data bytes.
+std::string safetensors_bytes(const std::string& header, const std::string& data, std::uint64_t length_field = UINT64_MAX) {
+  bytes b;
+  b.put(length_field == UINT64_MAX ? static_cast<std::uint64_t>(header.size()) : length_field).raw(header).raw(data);
+  return b.b;
+}
+}  // namespace
+
+TEST_CASE("safetensors: lying lengths, offsets, shapes and dtypes, each naming the file and the tensor") {
+  temp_dir t;
+  auto st = [&](const std::string& header, const std::string& data, std::uint64_t length_field = UINT64_MAX) {
+    return t.write("bad.safetensors", safetensors_bytes(header, data, length_field));
+  };
+  {
+    // a valid file built by hand: F16, BF16, a zero-size tensor, __metadata__
+    bytes d;
+    d.put(std::uint16_t{0x3c00}).put(std::uint16_t{0xc000}).put(std::uint16_t{0x3f80});  // f16 1, f16 -2, bf16 1
+    const auto p = t.write("ok.safetensors",
+                           safetensors_bytes(R"({"__metadata__": {"format": "pt"}, "h": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]},
+                                                 "b": {"dtype": "BF16", "shape": [1, 1], "data_offsets": [4, 6]},
+                                                 "z": {"dtype": "F32", "shape": [0, 3], "data_offsets": [6, 6]}})",
+                                             d.b));
+    auto m = read_safetensors(p);
+    CHECK(m.at("h").data[1] == -2.f);
+    CHECK(m.at("b").data[0] == 1.f);
+    CHECK(m.at("z").shape == std::vector<std::int64_t>{0, 3});
+    CHECK(m.at("z").data.size() == 0);
+  }
+  const std::string f32x2 = R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+  CHECK_ERROR_HAS(read_safetensors(st(f32x2, "12345678", 1000)), "bad.safetensors", "header length 1000 exceeds the file size");
+  CHECK_ERROR_HAS(read_safetensors(st(f32x2, "12345678", UINT64_MAX - 3)), "header length 18446744073709551612 exceeds");
+  CHECK_ERROR_HAS(read_safetensors(st(std::string(100000, '[') + std::string(100000, ']'), "")), "bad.safetensors",
+                  "nesting deeper than 64");
+  CHECK_ERROR_HAS(read_safetensors(st("[1, 2]", "")), "header is not a JSON object");
+  // offsets
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 100]}})", "12345678")),
+                  "bad.safetensors", "tensor \"x\": data_offsets[1] must be <= 8, got 100");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}})", "12345678")),
+                  "tensor \"x\": data_offsets[0] must be >= 0, got -8");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0.5, 8]}})", "12345678")),
+                  "tensor \"x\": data_offsets[0] must be an integer, got 0.5");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})", "12345678")),
+                  "tensor \"x\": data_offsets [8, 0] span");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})", "12345678")),
+                  "tensor \"x\": data_offsets must be [begin, end], got [0]");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", "123456789012")),
+                  "bad.safetensors", "tensor \"b\" (data_offsets [4, 12]) overlaps tensor \"a\" (ending at 8)");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                                          "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})", "123456789012")),
+                  "data bytes [4, 8) belong to no tensor (before tensor \"b\")");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", "12345678")),
+                  "data bytes [4, 8) after the last tensor belong to no tensor");
+  // shapes: negative, fractional, overflowing the element count or the byte count
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": "F32", "shape": [-1, -2], "data_offsets": [0, 8]}})", "12345678")),
+                  "tensor \"x\": shape[0] must be >= 0, got -1");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": "F32", "shape": [2.0001], "data_offsets": [0, 8]}})", "12345678")),
+                  "tensor \"x\": shape[0] must be an integer");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": "F32", "shape": [4294967296, 4294967296, 0], "data_offsets": [0, 0]}})", "")),
+                  "tensor \"x\": shape [4294967296, 4294967296, 0] has more elements than fit 64 bits");
+  // 2^62 elements of 4 bytes: the byte count used to wrap to 0 and match an empty span
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 0]}})", "")),
+                  "tensor \"x\": shape [4611686018427387904] has more elements than fit 64 bits");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": "F32", "shape": [18446744073709551615], "data_offsets": [0, 0]}})", "")),
+                  "tensor \"x\": shape[0] must be <= 9223372036854775807");
+  // dtypes and entries
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": "F16", "shape": [3], "data_offsets": [0, 12]}})", "123456789012")),
+                  "tensor \"x\": data_offsets [0, 12] span 12 bytes, shape [3] of F16 needs 6");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": 5, "shape": [1], "data_offsets": [0, 4]}})", "1234")),
+                  "tensor \"x\": unsupported dtype 5");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", "12345678")),
+                  "tensor \"x\": unsupported dtype \"I64\"");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": [1, 2]})", "")), "tensor \"x\": entry must be an object, got [1, 2]");
+  CHECK_ERROR_HAS(read_safetensors(st(R"({"x": {"dtype": "F32", "data_offsets": [0, 0]}})", "")), "tensor \"x\": missing \"shape\"");
+  // a 1 MB tensor name is quoted short
+  const std::string long_name(1 << 20, 'n');
+  const std::string msg = error_of([&] {
+    read_safetensors(st("{\"" + long_name + R"(": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 1]}})", "1"));
+  });
+  CHECK(msg.find("tensor \"nnnn") != std::string::npos);
+  CHECK(msg.find("(1048576 bytes)") != std::string::npos);
+  CHECK(msg.size() < 1000);
+}
+
+TEST_CASE("HF config.json: numbers range-checked by field, no silent narrowing") {
+  temp_dir t;
+  const std::string base = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 100)";
+  auto cfg = [&](const std::string& more) { return t.write("config.json", "{" + base + more + "}"); };
+  auto c = read_hf_llama_config(cfg(R"(, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "tie_word_embeddings": true)"));
+  CHECK(c.num_key_value_heads == 2);
+  CHECK(c.rms_norm_eps == 1e-5f);
+  CHECK(c.tie_word_embeddings);
+  CHECK(c.max_position_embeddings == 2048);
+  // 2^32 + 4 used to read as 4 through get<int32_t>
+  CHECK_ERROR_HAS(read_hf_llama_config(cfg(R"(, "num_attention_heads": 4294967300)")), "config.json",
+                  "\"num_attention_heads\" must be <= 65536, got 4294967300");
+  CHECK_ERROR_HAS(read_hf_llama_config(cfg(R"(, "num_attention_heads": 4, "rms_norm_eps": 1e300)")), "\"rms_norm_eps\" must be <= 1, got 1e+300");
+  CHECK_ERROR_HAS(read_hf_llama_config(cfg(R"(, "num_attention_heads": 4, "rope_theta": -1)")), "\"rope_theta\" must be >= 1, got -1");
+  CHECK_ERROR_HAS(read_hf_llama_config(cfg(R"(, "num_attention_heads": -4)")), "\"num_attention_heads\" must be >= 1, got -4");
+  CHECK_ERROR_HAS(read_hf_llama_config(cfg(R"(, "num_attention_heads": 4.5)")), "\"num_attention_heads\" must be an integer, got 4.5");
+  CHECK_ERROR_HAS(read_hf_llama_config(cfg(R"(, "num_attention_heads": 3)")), "hidden_size=64 is not divisible by num_attention_heads=3");
+  CHECK_ERROR_HAS(read_hf_llama_config(cfg(R"(, "num_attention_heads": 4, "num_key_value_heads": 3)")),
+                  "num_attention_heads=4 is not divisible by num_key_value_heads=3");
+  CHECK_ERROR_HAS(read_hf_llama_config(cfg(R"(, "num_attention_heads": 4, "tie_word_embeddings": "yes")")),
+                  "\"tie_word_embeddings\" must be true or false, got \"yes\"");
+  CHECK_ERROR_HAS(read_hf_llama_config(t.write("c2.json", R"({"hidden_size": 64})")), "c2.json", "missing \"intermediate_size\"");
+  CHECK_ERROR_HAS(read_hf_llama_config(t.write("c3.json", std::string(1000, '['))), "c3.json", "nesting deeper than 64");
+}
