@@ -105,3 +105,60 @@ TEST_CASE("chat_loader batches encoded records; errors name the field, line and 
   CHECK_THROWS_WITH_AS(loom::data::chat_loader({}, tok, {}, {}), doctest::Contains("empty dataset"), loom::error);
   fs::remove_all(dir);
 }
+
+namespace {
+/// The message of the loom::error that `f` throws ("" if it throws none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const loom::error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("hostile chat JSONL: long lines, deep history, huge or mistyped values name file:line and field, messages stay short") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("loom_chat_hostile_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name, std::ios::binary) << text;
+    return (dir / name).string();
+  };
+  const std::string ok = R"({"prompt": "q", "response": "a"})";
+  // the line limit: stated, configurable, checked before the line is held whole
+  std::string pad(1024 - ok.size(), ' ');
+  const std::string exact = write("exact.jsonl", ok + "\n" + ok + pad + "\n" + ok);  // no final newline: still read
+  CHECK(loom::data::read_chat_jsonl(exact, {}, {.max_line_bytes = 1024}).size() == 3);
+  std::string m = error_of([&] { loom::data::read_chat_jsonl(exact, {}, {.max_line_bytes = 1023}); });
+  CHECK(m.find("exact.jsonl:2: line longer than max_line_bytes=1023") != std::string::npos);
+  const std::string big(20 << 20, 'x');
+  const std::string huge = write("huge.jsonl", ok + "\n" + R"({"prompt": ")" + big + R"(", "response": "a"})" + "\n");
+  m = error_of([&] { loom::data::read_chat_jsonl(huge); });
+  CHECK(m.find("huge.jsonl:2: line longer than max_line_bytes=16777216") != std::string::npos);
+  // deep nesting in history is refused while parsing (it used to overflow the stack in the message)
+  const std::string deep =
+      write("deep.jsonl", ok + "\n" + R"({"prompt": "q", "response": "a", "history": )" + std::string(200000, '[') +
+                              std::string(200000, ']') + "}\n");
+  m = error_of([&] { loom::data::read_chat_jsonl(deep); });
+  CHECK(m.find("deep.jsonl:2: nesting deeper than 64") != std::string::npos);
+  // a long bad value inside history, under the line limit: quoted short
+  const std::string mid(4 << 20, 'y');
+  const std::string longv = write("long.jsonl", R"({"prompt": "q", "response": "a", "history": [[")" + mid + R"("]]})" + "\n");
+  m = error_of([&] { loom::data::read_chat_jsonl(longv); });
+  CHECK(m.find("long.jsonl:1: field \"history\": history[0] must be [user, assistant] strings, got [\"yyyy") != std::string::npos);
+  CHECK(m.size() < 500);
+  // mistyped fields: the line, the field and the value
+  const std::string typed = write("typed.jsonl", ok + "\n\n" + R"({"prompt": 5, "response": "a"})" + "\n");
+  m = error_of([&] { loom::data::read_chat_jsonl(typed); });
+  CHECK(m.find("typed.jsonl:3: field \"prompt\" must be a string, got number 5") != std::string::npos);
+  const std::string hist = write("hist.jsonl", R"({"prompt": "q", "response": "a", "history": {"u": "a"}})");
+  m = error_of([&] { loom::data::read_chat_jsonl(hist); });
+  CHECK(m.find("hist.jsonl:1: field \"history\" must be a list of [user, assistant] pairs, got {\"u\": \"a\"}") != std::string::npos);
+  const std::string notobj = write("notobj.jsonl", "[1]\n");
+  m = error_of([&] { loom::data::read_chat_jsonl(notobj); });
+  CHECK(m.find("notobj.jsonl:1: expected a JSON object, got array") != std::string::npos);
+  fs::remove_all(dir);
+}

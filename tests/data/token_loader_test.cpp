@@ -4,12 +4,14 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -176,4 +178,56 @@ TEST_CASE("errors: empty dataset, token id >= vocab") {
   CHECK_THROWS_WITH_AS(loom::data::token_loader(loom::data::open_shards({d / "short.bin"}), {.seq_len = 1, .vocab_size = 5}),
                        doctest::Contains("vocab_size=10"), loom::error);
   CHECK_THROWS_WITH_AS(loom::data::token_shard(d / "missing.bin"), doctest::Contains("missing.bin"), loom::error);
+}
+
+TEST_CASE("hostile shards: sizes that are no multiple of the token, headers that lie, ids beyond the header's vocabulary") {
+  temp_dir d;
+  using loom::data::token_shard, loom::data::token_width;
+  auto header = [](std::uint32_t header_bytes, std::uint32_t token_bytes, std::uint64_t n_tokens, std::uint32_t vocab) {
+    loom::data::shard_header h{};
+    std::memcpy(h.magic, loom::data::shard_magic, 8);
+    h.header_bytes = header_bytes, h.token_bytes = token_bytes, h.n_tokens = n_tokens, h.vocab_size = vocab;
+    return h;
+  };
+  const std::vector<std::uint16_t> three{1, 2, 3};  // 6 bytes
+  write_raw(d / "odd.bin", std::vector<std::uint8_t>(10, 1));
+  CHECK_THROWS_WITH_AS(token_shard(d / "odd.bin", token_width::u32), doctest::Contains("odd.bin' has 10 bytes, not a multiple of the token width 4"),
+                       loom::error);
+  auto h = header(64, 4, 1, 0);
+  write_raw(d / "odd_h.bin", three, &h, 64);  // 6 bytes of 4-byte tokens
+  CHECK_THROWS_WITH_AS(token_shard(d / "odd_h.bin"), doctest::Contains("holds 6 bytes of tokens of 4 bytes"), loom::error);
+  h = header(64, 2, ~std::uint64_t{0}, 0);
+  write_raw(d / "lie.bin", three, &h, 64);
+  CHECK_THROWS_WITH_AS(token_shard(d / "lie.bin"), doctest::Contains("n_tokens=18446744073709551615 but the file holds 6 bytes"), loom::error);
+  h = header(128, 2, 3, 0);
+  write_raw(d / "hb.bin", three, &h, 64);
+  CHECK_THROWS_WITH_AS(token_shard(d / "hb.bin"), doctest::Contains("header_bytes=128"), loom::error);
+  h = header(64, 3, 2, 0);
+  write_raw(d / "tb.bin", three, &h, 64);
+  CHECK_THROWS_WITH_AS(token_shard(d / "tb.bin"), doctest::Contains("token_bytes=3"), loom::error);
+  h = header(64, 2, 3, 0);
+  h.reserved[12] = 7;
+  write_raw(d / "res.bin", three, &h, 64);
+  CHECK_THROWS_WITH_AS(token_shard(d / "res.bin"), doctest::Contains("reserved header byte 40 is 7"), loom::error);
+  h = header(64, 2, 3, 0x80000000u);
+  write_raw(d / "v.bin", three, &h, 64);
+  CHECK_THROWS_WITH_AS(token_shard(d / "v.bin"), doctest::Contains("vocab_size=2147483648 does not fit"), loom::error);
+  write_raw(d / "magic.bin", std::vector<std::uint8_t>(20, 0), loom::data::shard_magic, 8);
+  CHECK_THROWS_WITH_AS(token_shard(d / "magic.bin"), doctest::Contains("has a loom magic but only 28 bytes"), loom::error);
+  CHECK_THROWS_WITH_AS(token_shard(d.p.string(), token_width::u16), doctest::Contains("is not a regular file"), loom::error);
+  REQUIRE(::mkfifo((d / "fifo").c_str(), 0600) == 0);  // opening it used to wait for a writer
+  CHECK_THROWS_WITH_AS(token_shard(d / "fifo", token_width::u16), doctest::Contains("is not a regular file"), loom::error);
+
+  // ids beyond the header's own vocabulary are refused even when the model's is larger
+  std::vector<std::uint32_t> t(20, 5);
+  t[13] = 150;
+  loom::data::write_token_shard(d / "hv.bin", t, token_width::u16, 100);
+  token_shard s(d / "hv.bin");
+  std::vector<std::int32_t> out(20);
+  CHECK_THROWS_WITH_AS(s.read(0, out, 256), doctest::Contains("token id 150 >= vocab_size 100 (the shard header's) at token 13"), loom::error);
+  CHECK_NOTHROW(s.read(0, std::span(out).first(13), 256));
+  CHECK(out[12] == 5);
+  CHECK_THROWS_WITH_AS(s.read(0, out, 0x80000000u), doctest::Contains("vocab_size=2147483648 does not fit"), loom::error);
+  CHECK_THROWS_WITH_AS(loom::data::token_loader(loom::data::open_shards({d / "hv.bin"}), {.seq_len = 4, .vocab_size = 0x80000000u}),
+                       doctest::Contains("vocab_size=2147483648"), loom::error);
 }

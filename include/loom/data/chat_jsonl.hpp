@@ -14,9 +14,14 @@
 // padded with pad / ignore to max_source_length + max_target_length + 1, then shifted for
 // next-token prediction: tokens = input[:-1], targets = labels[1:]. So the loss covers the
 // response and the final eos, never the prompt or the history.
+//
+// The file comes from outside: a line longer than chat_read_options::max_line_bytes is refused
+// before it is held whole (parsing costs several times a line's size), nesting is limited,
+// and messages name the file:line and the field and quote values bounded (data/json_input.hpp).
 
 #include <loom/core/error.hpp>
 #include <loom/data/batch.hpp>
+#include <loom/data/json_input.hpp>
 #include <loom/data/sampler.hpp>
 #include <loom/data/tokenizer.hpp>
 
@@ -46,39 +51,52 @@ struct chat_columns {
 
 /// Parses one JSONL line; `where` (file:line) goes into error messages.
 inline chat_record parse_chat_record(std::string_view line, const chat_columns& c = {}, const std::string& where = "line") {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::exception& e) {
-    LOOM_THROW("chat jsonl ", where, ": not valid JSON: ", e.what());
-  }
+  const nlohmann::json j = parse_json_input(line, "chat jsonl " + where);
   LOOM_CHECK(j.is_object(), "chat jsonl ", where, ": expected a JSON object, got ", j.type_name());
   auto text = [&](const std::string& key) {
     LOOM_CHECK(j.contains(key), "chat jsonl ", where, ": missing field \"", key, "\"");
-    LOOM_CHECK(j[key].is_string(), "chat jsonl ", where, ": field \"", key, "\" must be a string, got ", j[key].type_name());
-    return j[key].get<std::string>();
+    LOOM_CHECK(j.at(key).is_string(), "chat jsonl ", where, ": field \"", key, "\" must be a string, got ", j.at(key).type_name(), " ",
+               quote_json(j.at(key)));
+    return j.at(key).get<std::string>();
   };
   chat_record r{text(c.prompt), text(c.response), {}};
-  if (!c.history.empty() && j.contains(c.history) && !j[c.history].is_null()) {
-    const auto& h = j[c.history];
-    LOOM_CHECK(h.is_array(), "chat jsonl ", where, ": field \"", c.history, "\" must be a list of [user, assistant] pairs");
+  if (!c.history.empty() && j.contains(c.history) && !j.at(c.history).is_null()) {
+    const auto& h = j.at(c.history);
+    LOOM_CHECK(h.is_array(), "chat jsonl ", where, ": field \"", c.history, "\" must be a list of [user, assistant] pairs, got ",
+               quote_json(h));
     for (std::size_t i = 0; i < h.size(); ++i) {
       LOOM_CHECK(h[i].is_array() && h[i].size() == 2 && h[i][0].is_string() && h[i][1].is_string(), "chat jsonl ", where,
-                 ": history[", i, "] must be [user, assistant] strings, got ", h[i].dump());
+                 ": field \"", c.history, "\": history[", i, "] must be [user, assistant] strings, got ", quote_json(h[i]));
       r.history.emplace_back(h[i][0].get<std::string>(), h[i][1].get<std::string>());
     }
   }
   return r;
 }
 
+struct chat_read_options {
+  /// Longest line read; a longer one is an error naming its line number (chat records are
+  /// kilobytes; parsing costs several times the line's size in memory).
+  std::size_t max_line_bytes = std::size_t{16} << 20;
+};
+
 /// Reads every non-blank line of a JSONL file; an empty file is an error.
-inline std::vector<chat_record> read_chat_jsonl(const std::string& path, const chat_columns& c = {}) {
-  std::ifstream f(path);
+inline std::vector<chat_record> read_chat_jsonl(const std::string& path, const chat_columns& c = {}, const chat_read_options& o = {}) {
+  std::ifstream f(path, std::ios::binary);
   LOOM_CHECK(f.good(), "read_chat_jsonl: cannot open path='", path, "'");
   std::vector<chat_record> out;
   std::string line;
-  for (std::size_t n = 1; std::getline(f, line); ++n)
+  std::streambuf* in = f.rdbuf();
+  for (std::size_t n = 1;; ++n) {
+    line.clear();
+    int ch;
+    while ((ch = in->sbumpc()) != std::char_traits<char>::eof() && ch != '\n') {
+      LOOM_CHECK(line.size() < o.max_line_bytes, "chat jsonl ", path, ":", n, ": line longer than max_line_bytes=", o.max_line_bytes,
+                 " (chat_read_options::max_line_bytes)");
+      line.push_back(static_cast<char>(ch));
+    }
     if (line.find_first_not_of(" \t\r") != std::string::npos) out.push_back(parse_chat_record(line, c, path + ":" + std::to_string(n)));
+    if (ch == std::char_traits<char>::eof()) break;
+  }
   LOOM_CHECK(!out.empty(), "read_chat_jsonl: empty dataset: path='", path, "' has no records");
   return out;
 }

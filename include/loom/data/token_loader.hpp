@@ -40,7 +40,8 @@ class token_loader {
  public:
   token_loader(std::vector<token_shard> shards, loader_options o) : shards_(std::move(shards)), o_(o) {
     LOOM_CHECK(o.seq_len >= 1, "token_loader: seq_len must be >= 1, got seq_len=", o.seq_len);
-    LOOM_CHECK(o.vocab_size >= 1, "token_loader: vocab_size must be >= 1, got vocab_size=", o.vocab_size);
+    LOOM_CHECK(o.vocab_size >= 1 && o.vocab_size <= 2147483647u, "token_loader: vocab_size must be in [1, 2^31 - 1] (ids are int32), got vocab_size=",
+               o.vocab_size);
     LOOM_CHECK(!shards_.empty(), "token_loader: empty dataset (no shard files given)");
     first_window_.push_back(0);
     for (const auto& s : shards_) {

@@ -16,7 +16,11 @@
 //         16     8  n_tokens     (u64)
 //         24     4  vocab_size   (u32, 0 = not recorded)
 //         28    36  reserved, zero
-//     all integers little-endian. A file whose size disagrees with n_tokens is refused.
+//     all integers little-endian. A file whose size disagrees with n_tokens is refused, and so
+//     are nonzero reserved bytes (a later format), so a header that lies never reaches a read.
+// Token ids are checked on every read against the model's vocabulary and, when the header
+// records one, the shard's: a shard whose ids exceed its own header is corrupt even if the
+// model's vocabulary is larger.
 // write_token_shard() writes either layout (examples/data uses it to build the corpus).
 
 #include <loom/core/error.hpp>
@@ -26,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -60,12 +65,13 @@ class token_shard {
   /// Opens `path`. With a loom header the width comes from it (`headerless_width` is ignored
   /// unless the file has no header); a file without a header needs `headerless_width`.
   explicit token_shard(const std::string& path, std::optional<token_width> headerless_width = std::nullopt) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO would otherwise wait for a writer; regular files ignore it
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     LOOM_CHECK(fd >= 0, "token_shard: cannot open path='", path, "': ", std::strerror(errno));
     struct stat st {};
-    if (::fstat(fd, &st) != 0) {
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
-      LOOM_THROW("token_shard: cannot stat path='", path, "'");
+      LOOM_THROW("token_shard: path='", path, "' is not a regular file");
     }
     bytes_ = static_cast<std::size_t>(st.st_size);
     if (bytes_ > 0) {
@@ -84,6 +90,11 @@ class token_shard {
                  " (expected 64)");
       LOOM_CHECK(h.token_bytes == 2 || h.token_bytes == 4, "token_shard: path='", path, "' token_bytes=", h.token_bytes,
                  " (expected 2 or 4)");
+      for (std::size_t i = 0; i < sizeof h.reserved; ++i)
+        LOOM_CHECK(h.reserved[i] == 0, "token_shard: path='", path, "' reserved header byte ", 28 + i, " is ",
+                   static_cast<int>(h.reserved[i]), " (expected 0; a newer format?)");
+      LOOM_CHECK(h.vocab_size <= static_cast<std::uint32_t>(std::numeric_limits<std::int32_t>::max()), "token_shard: path='", path,
+                 "' vocab_size=", h.vocab_size, " does not fit the int32 token ids");
       LOOM_CHECK(h.n_tokens == (bytes_ - shard_header_bytes) / h.token_bytes && (bytes_ - shard_header_bytes) % h.token_bytes == 0,
                  "token_shard: path='", path, "' header says n_tokens=", h.n_tokens, " but the file holds ",
                  bytes_ - shard_header_bytes, " bytes of tokens of ", h.token_bytes, " bytes");
@@ -132,10 +143,15 @@ class token_shard {
     return t;
   }
 
-  /// out[k] = token[first + k]; every token must be < vocab (else a loom::error naming it and where).
+  /// out[k] = token[first + k]; every token must be < vocab and < the header's vocab_size when
+  /// recorded (else a loom::error naming it and where).
   void read(std::size_t first, std::span<std::int32_t> out, std::uint32_t vocab) const {
     LOOM_CHECK(first <= size_ && out.size() <= size_ - first, "token_shard: read of [", first, ", +", out.size(), ") past the ",
                size_, " tokens of path='", path_, "'");
+    LOOM_CHECK(vocab <= static_cast<std::uint32_t>(std::numeric_limits<std::int32_t>::max()), "token_shard: vocab_size=", vocab,
+               " does not fit the int32 token ids");
+    const bool header_limits = vocab_ != 0 && vocab_ < vocab;
+    if (header_limits) vocab = vocab_;
     std::uint32_t bad = 0;
     if (width_ == token_width::u16) {
       const auto* p = reinterpret_cast<const std::uint16_t*>(tokens_) + first;
@@ -155,7 +171,7 @@ class token_shard {
     if (bad) {
       for (std::size_t k = 0; k < out.size(); ++k)
         LOOM_CHECK(static_cast<std::uint32_t>(out[k]) < vocab, "token id ", static_cast<std::uint32_t>(out[k]), " >= vocab_size ",
-                   vocab, " at token ", first + k, " of path='", path_, "'");
+                   vocab, header_limits ? " (the shard header's)" : "", " at token ", first + k, " of path='", path_, "'");
     }
   }
 

@@ -6,7 +6,10 @@
 // is not), so every unknown or unsupported key is an error that names the key and lists the
 // supported ones; `allow_unknown` downgrades unknown keys to warnings (returned in
 // ds_config::warnings, for the program to print). Values of the wrong type or out of range
-// are errors naming the key and the value.
+// are errors naming the key and the value. Every number is range-checked for its key (no
+// silent narrowing: 1e300 is not an inf learning rate, 2^32 + 64 is not an int 64), and
+// messages quote input values bounded (data/json_input.hpp), since a config file may be
+// arbitrarily large or deep.
 //
 // Two phases, as in DeepSpeed + HF Trainer:
 //   parse_ds_config(json)      -> ds_config with "auto" values marked (maybe_auto::is_auto)
@@ -36,6 +39,8 @@
 
 #include <loom/core/dtype.hpp>
 #include <loom/core/error.hpp>
+#include <loom/data/input.hpp>
+#include <loom/data/json_input.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/lr_schedule.hpp>
 
@@ -47,6 +52,7 @@
 #include <cstdint>
 #include <fstream>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -187,6 +193,12 @@ struct ds_context {
 
 namespace detail {
 
+using data::quote_input;
+using data::quote_json;
+
+inline constexpr std::int64_t int64_max = std::numeric_limits<std::int64_t>::max();
+inline constexpr double float_max = std::numeric_limits<float>::max();
+
 inline std::string join_keys(std::initializer_list<std::string_view> keys) {
   std::string s;
   for (auto k : keys) s += (s.empty() ? "" : ", ") + std::string(k);
@@ -198,7 +210,7 @@ class ds_section {
  public:
   ds_section(const nlohmann::json& j, std::string path, std::vector<std::string>& warnings, bool allow_unknown)
       : j_(j), path_(std::move(path)), warnings_(warnings), allow_unknown_(allow_unknown) {
-    LOOM_CHECK(j.is_object(), "ds_config: ", name(), " must be an object, got ", j.dump());
+    LOOM_CHECK(j.is_object(), "ds_config: ", name(), " must be an object, got ", quote_json(j));
   }
   std::string key_path(std::string_view key) const { return path_.empty() ? std::string(key) : path_ + "." + std::string(key); }
   std::string name() const { return path_.empty() ? std::string("the top level") : "\"" + path_ + "\""; }
@@ -212,7 +224,8 @@ class ds_section {
       for (auto [rk, why] : refused)
         LOOM_CHECK(k != rk, "ds_config: unsupported key \"", key_path(k), "\": ", why, ". Supported keys in ", name(), ": ",
                    join_keys(supported));
-      const std::string msg = "ds_config: unknown key \"" + key_path(k) + "\"; supported keys in " + name() + ": " + join_keys(supported);
+      // an unknown key is input: quoted bounded
+      const std::string msg = "ds_config: unknown key " + quote_input(key_path(k)) + "; supported keys in " + name() + ": " + join_keys(supported);
       LOOM_CHECK(allow_unknown_, msg, " (allow_unknown / --allow-unknown makes this a warning)");
       warnings_.push_back(msg + " (ignored)");
     }
@@ -222,51 +235,47 @@ class ds_section {
   const nlohmann::json& at(std::string_view k) const { return j_.at(std::string(k)); }
   ds_section child(std::string_view k) const { return ds_section(at(k), key_path(k), warnings_, allow_unknown_); }
 
+  /// The key as the messages name it: ds_config: "zero_optimization.stage".
+  std::string field(std::string_view k) const { return "ds_config: \"" + key_path(k) + "\""; }
+
+  // The typed getters: every value read from the file goes through one of these, which check
+  // its type and its range [min, max] (the key's sensible range within the C++ type's).
   void get(std::string_view k, bool& out) const {
     if (!has(k)) return;
     no_auto(k);
     const auto& v = at(k);
-    LOOM_CHECK(v.is_boolean(), "ds_config: \"", key_path(k), "\" must be true or false, got ", v.dump());
+    LOOM_CHECK(v.is_boolean(), field(k), " must be true or false, got ", quote_json(v));
     out = v.get<bool>();
   }
-  void get(std::string_view k, std::int64_t& out, std::int64_t min = 0) const {
+  /// Integral floating values are accepted: DeepSpeed configs write large counts as 1e9.
+  void get(std::string_view k, std::int64_t& out, std::int64_t min = 0, std::int64_t max = int64_max) const {
     if (!has(k)) return;
     no_auto(k);
-    const auto& v = at(k);
-    // DeepSpeed configs write large counts as 1e9: accept integral floating values
-    LOOM_CHECK(v.is_number() && (v.is_number_integer() || std::floor(v.get<double>()) == v.get<double>()), "ds_config: \"",
-               key_path(k), "\" must be an integer, got ", v.dump());
-    const double d = v.get<double>();
-    LOOM_CHECK(d >= static_cast<double>(min) && d < 9.2e18, "ds_config: \"", key_path(k), "\" must be >= ", min, ", got ", v.dump());
-    out = v.is_number_integer() ? v.get<std::int64_t>() : static_cast<std::int64_t>(d);
+    out = data::json_integer(at(k), field(k), min, max);
   }
-  void get(std::string_view k, int& out, int min = 0) const {
-    std::int64_t x = out;
-    get(k, x, min);
-    LOOM_CHECK(x <= 2147483647, "ds_config: \"", key_path(k), "\" is too large: ", x);
-    out = static_cast<int>(x);
-  }
-  void get(std::string_view k, float& out, double min = 0.0) const {
+  void get(std::string_view k, int& out, int min = 0, int max = std::numeric_limits<int>::max()) const {
     if (!has(k)) return;
     no_auto(k);
-    const auto& v = at(k);
-    LOOM_CHECK(v.is_number() && std::isfinite(v.get<double>()), "ds_config: \"", key_path(k), "\" must be a number, got ", v.dump());
-    LOOM_CHECK(v.get<double>() >= min, "ds_config: \"", key_path(k), "\" must be >= ", min, ", got ", v.dump());
-    out = v.get<float>();
+    out = static_cast<int>(data::json_integer(at(k), field(k), min, max));
+  }
+  void get(std::string_view k, float& out, double min = 0.0, double max = float_max) const {
+    if (!has(k)) return;
+    no_auto(k);
+    out = data::json_real<float>(at(k), field(k), min, max);
   }
   void get(std::string_view k, std::string& out) const {
     if (!has(k)) return;
     const auto& v = at(k);
-    LOOM_CHECK(v.is_string(), "ds_config: \"", key_path(k), "\" must be a string, got ", v.dump());
+    LOOM_CHECK(v.is_string(), field(k), " must be a string, got ", quote_json(v));
     out = v.get<std::string>();
   }
-  template <class T, class... Min>
-  void get(std::string_view k, maybe_auto<T>& out, Min... min) const {
+  template <class T, class... Range>
+  void get(std::string_view k, maybe_auto<T>& out, Range... range) const {
     if (is_auto(k)) {
       out.is_auto = true;
       return;
     }
-    get(k, out.value, min...);
+    get(k, out.value, range...);
   }
   /// A key that may not be "auto" (no rule to resolve it); the plain getters check this.
   void no_auto(std::string_view k) const {
@@ -300,7 +309,7 @@ inline ds_offload parse_offload(const ds_section& s, bool allow_nvme) {
   else if (dev == "nvme" && allow_nvme) o.device = offload_device::nvme;
   else
     LOOM_THROW("ds_config: \"", s.key_path("device"), "\" must be ", allow_nvme ? "\"none\", \"cpu\" or \"nvme\"" : "\"none\" or \"cpu\"",
-               ", got \"", dev, "\"");
+               ", got ", quote_input(dev));
   s.get("pin_memory", o.pin_memory);
   s.get("nvme_path", o.nvme_path);
   LOOM_CHECK(o.device != offload_device::nvme || !o.nvme_path.empty(), "ds_config: \"", s.key_path("device"),
@@ -308,6 +317,17 @@ inline ds_offload parse_offload(const ds_section& s, bool allow_nvme) {
   return o;
 }
 
+}  // namespace detail
+
+namespace detail {
+// Sensible ranges of the keys, beyond which a value is a typo or garbage, not a setting:
+/// batch sizes and accumulation steps: their product with the world size must fit 64 bits
+inline constexpr std::int64_t max_batch = std::numeric_limits<std::int32_t>::max();
+/// learning rates and weight decay: AdamW moves a weight by about lr per step, so no model
+/// trains above this (1e3 written for 1e-3 is refused, not run)
+inline constexpr double max_rate = 10.0;
+/// loss scales: the dynamic scale starts at 2^initial_scale_power, which is at most 2^127
+inline constexpr double max_loss_scale = 1.7014118346046923e38;  // 2^127
 }  // namespace detail
 
 /// Parses and checks a config; "auto" values stay marked until resolve_ds_config().
@@ -339,7 +359,7 @@ inline ds_config parse_ds_config(const nlohmann::json& j, const ds_parse_options
       continue;
     }
     std::int64_t v = 0;
-    top.get(key, v, 1);
+    top.get(key, v, 1, detail::max_batch);
     *slot = v;
   }
   top.get("gradient_clipping", c.gradient_clipping, 0.0);
@@ -348,10 +368,11 @@ inline ds_config parse_ds_config(const nlohmann::json& j, const ds_parse_options
   if (top.has("communication_data_type") && !top.at("communication_data_type").is_null()) {
     std::string t;
     top.get("communication_data_type", t);
-    const auto d = parse_dtype(t);
-    LOOM_CHECK(d == dtype::f32 || d == dtype::f16 || d == dtype::bf16, "ds_config: \"communication_data_type\" must be fp32, fp16 or bf16, got \"",
-               t, "\"");
-    c.communication_data_type = d;
+    // parse_dtype's own message would quote the value unbounded: only its float names reach it
+    constexpr std::string_view names[] = {"fp32", "float32", "float", "fp16", "float16", "half", "bf16", "bfloat16"};
+    LOOM_CHECK(std::find(std::begin(names), std::end(names), t) != std::end(names),
+               "ds_config: \"communication_data_type\" must be fp32, fp16 or bf16, got ", detail::quote_input(t));
+    c.communication_data_type = parse_dtype(t);
   }
 
   if (top.has("fp16")) {
@@ -360,13 +381,12 @@ inline ds_config parse_ds_config(const nlohmann::json& j, const ds_parse_options
                   "min_loss_scale"},
                  {{"auto_cast", "loom casts explicitly (fp16 parameters, fp32 master weights); auto_cast is not implemented"}});
     s.get("enabled", c.fp16.enabled);
-    s.get("loss_scale", c.fp16.loss_scale, 0.0);
-    s.get("initial_scale_power", c.fp16.initial_scale_power, 0);
-    LOOM_CHECK(c.fp16.initial_scale_power <= 127, "ds_config: \"fp16.initial_scale_power\" must be <= 127, got ", c.fp16.initial_scale_power);
+    s.get("loss_scale", c.fp16.loss_scale, 0.0, detail::max_loss_scale);
+    s.get("initial_scale_power", c.fp16.initial_scale_power, 0, 127);
     s.get("loss_scale_window", c.fp16.loss_scale_window, 1);
     s.get("hysteresis", c.fp16.hysteresis, 1);
     s.get("consecutive_hysteresis", c.fp16.consecutive_hysteresis);
-    s.get("min_loss_scale", c.fp16.min_loss_scale, 0.0);
+    s.get("min_loss_scale", c.fp16.min_loss_scale, 0.0, detail::max_loss_scale);
     LOOM_CHECK(c.fp16.min_loss_scale > 0.f, "ds_config: \"fp16.min_loss_scale\" must be > 0, got ", c.fp16.min_loss_scale);
   }
   for (auto key : {"bf16", "bfloat16"}) {
@@ -427,8 +447,8 @@ inline ds_config parse_ds_config(const nlohmann::json& j, const ds_parse_options
     s.check_keys({"type", "params"});
     std::string type;
     s.get("type", type);
-    LOOM_CHECK(detail::lower(type) == "adamw", "ds_config: \"optimizer.type\" \"", type,
-               "\" is not supported; supported optimizer types: AdamW");
+    LOOM_CHECK(detail::lower(type) == "adamw", "ds_config: \"optimizer.type\" ", detail::quote_input(type),
+               " is not supported; supported optimizer types: AdamW");
     c.has_optimizer = true;
     if (s.has("params")) {
       auto p = s.child("params");
@@ -438,18 +458,20 @@ inline ds_config parse_ds_config(const nlohmann::json& j, const ds_parse_options
                     {"bias_correction", "bias correction is always on"},
                     {"amsgrad", "AMSGrad is not implemented"}});
       auto& o = c.optimizer;
-      p.get("lr", o.lr, 0.0);
-      p.get("eps", o.eps, 0.0);
-      p.get("weight_decay", o.weight_decay, 0.0);
+      p.get("lr", o.lr, 0.0, detail::max_rate);
+      p.get("eps", o.eps, 0.0, 1.0);  // added to sqrt(v): above 1 it would dominate every update
+      p.get("weight_decay", o.weight_decay, 0.0, detail::max_rate);
       if (p.is_auto("betas")) {
         o.beta1.is_auto = o.beta2.is_auto = true;
       } else if (p.has("betas")) {
         const auto& b = p.at("betas");
-        LOOM_CHECK(b.is_array() && b.size() == 2 && b[0].is_number() && b[1].is_number(),
-                   "ds_config: \"optimizer.params.betas\" must be [beta1, beta2], got ", b.dump());
-        o.beta1.value = b[0].get<float>(), o.beta2.value = b[1].get<float>();
-        LOOM_CHECK(o.beta1.value >= 0 && o.beta1.value < 1 && o.beta2.value >= 0 && o.beta2.value < 1,
-                   "ds_config: \"optimizer.params.betas\" must be in [0, 1), got ", b.dump());
+        LOOM_CHECK(b.is_array() && b.size() == 2, "ds_config: \"optimizer.params.betas\" must be [beta1, beta2], got ", detail::quote_json(b));
+        for (int i : {0, 1}) {
+          const std::string field = "ds_config: \"optimizer.params.betas[" + std::to_string(i) + "]\"";
+          const float beta = data::json_real<float>(b[static_cast<std::size_t>(i)], field, 0.0, 1.0);
+          LOOM_CHECK(beta < 1.f, field, " must be in [0, 1), got ", detail::quote_json(b[static_cast<std::size_t>(i)]));
+          (i == 0 ? o.beta1 : o.beta2).value = beta;
+        }
       }
     }
   }
@@ -463,30 +485,33 @@ inline ds_config parse_ds_config(const nlohmann::json& j, const ds_parse_options
     if (type == "WarmupLR") sc.type = ds_scheduler_type::warmup_lr;
     else if (type == "WarmupDecayLR") sc.type = ds_scheduler_type::warmup_decay_lr;
     else if (type == "WarmupCosineLR") sc.type = ds_scheduler_type::warmup_cosine_lr;
-    else LOOM_THROW("ds_config: \"scheduler.type\" \"", type, "\" is not supported; supported: WarmupLR, WarmupDecayLR, WarmupCosineLR");
+    else LOOM_THROW("ds_config: \"scheduler.type\" ", detail::quote_input(type), " is not supported; supported: WarmupLR, WarmupDecayLR, WarmupCosineLR");
     if (s.has("params")) {
       auto p = s.child("params");
       std::string wt = "log";
       if (sc.type == ds_scheduler_type::warmup_cosine_lr) {
         p.check_keys({"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type", "last_batch_iteration"});
-        p.get("warmup_min_ratio", sc.warmup_min_ratio, 0.0);
-        p.get("cos_min_ratio", sc.cos_min_ratio, 0.0);
+        p.get("warmup_min_ratio", sc.warmup_min_ratio, 0.0, 1.0);
+        p.get("cos_min_ratio", sc.cos_min_ratio, 0.0, 1.0);
       } else {
         if (sc.type == ds_scheduler_type::warmup_lr)
           p.check_keys({"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"});
         else
           p.check_keys({"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"});
-        p.get("warmup_min_lr", sc.warmup_min_lr, 0.0);
-        p.get("warmup_max_lr", sc.warmup_max_lr, 0.0);
+        p.get("warmup_min_lr", sc.warmup_min_lr, 0.0, detail::max_rate);
+        p.get("warmup_max_lr", sc.warmup_max_lr, 0.0, detail::max_rate);
       }
       p.get("total_num_steps", sc.total_num_steps, 1);
       p.get("warmup_num_steps", sc.warmup_num_steps, 0);
       p.get("warmup_type", wt);
+      LOOM_CHECK(wt == "log" || wt == "linear", "ds_config: \"scheduler.params.warmup_type\" must be \"log\" or \"linear\", got warmup_type=",
+                 detail::quote_input(wt));
       sc.warmup = optim::parse_warmup_type(wt);
       if (p.has("last_batch_iteration")) {
-        LOOM_CHECK(p.at("last_batch_iteration").is_number_integer() && p.at("last_batch_iteration").get<std::int64_t>() == -1,
+        const auto& v = p.at("last_batch_iteration");  // unsigned 2^64 - 1 would read as int64 -1
+        LOOM_CHECK(v.is_number_integer() && !v.is_number_unsigned() && v.get<std::int64_t>() == -1,
                    "ds_config: \"scheduler.params.last_batch_iteration\" other than -1 is not supported (resume restores it from the "
-                   "checkpoint), got ", p.at("last_batch_iteration").dump());
+                   "checkpoint), got ", detail::quote_json(v));
       }
     }
   }
@@ -513,12 +538,7 @@ inline ds_config parse_ds_config(const nlohmann::json& j, const ds_parse_options
 inline ds_config load_ds_config(const std::string& path, const ds_parse_options& po = {}) {
   std::ifstream f(path);
   LOOM_CHECK(f.good(), "ds_config: cannot open path='", path, "'");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    LOOM_THROW("ds_config: path='", path, "' is not valid JSON: ", e.what());
-  }
+  const nlohmann::json j = data::parse_json_input(f, "ds_config: path='" + path + "'");
   try {
     return parse_ds_config(j, po);
   } catch (const loom::error& e) {
@@ -543,9 +563,14 @@ inline void resolve_ds_config(ds_config& c, const ds_context& ctx) {
   else if (tb) T = *tb, G = 1, M = T / W;
   else if (mb) M = *mb, G = 1, T = M * W;
   else LOOM_THROW("ds_config: either \"train_batch_size\" or \"train_micro_batch_size_per_gpu\" must be given");
-  LOOM_CHECK(M > 0 && G > 0 && T == M * G * W, "ds_config: batch sizes are inconsistent: train_batch_size=", T,
+  // M, G and T are each at most max_batch once parsed, but a caller may set the fields directly
+  std::int64_t MG = 0, MGW = 0;
+  LOOM_CHECK(M > 0 && G > 0 && !__builtin_mul_overflow(M, G, &MG) && !__builtin_mul_overflow(MG, W, &MGW),
+             "ds_config: batch sizes out of range: train_micro_batch_size_per_gpu=", M, " gradient_accumulation_steps=", G,
+             " data-parallel size=", W);
+  LOOM_CHECK(T == MGW, "ds_config: batch sizes are inconsistent: train_batch_size=", T,
              " must equal train_micro_batch_size_per_gpu (", M, ") * gradient_accumulation_steps (", G, ") * data-parallel size (", W,
-             ") = ", M * G * W);
+             ") = ", MGW);
   c.train_batch_size = T, c.train_micro_batch_size_per_gpu = M, c.gradient_accumulation_steps = G;
 
   // -- precision

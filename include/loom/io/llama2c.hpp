@@ -19,13 +19,21 @@
 // Encoding is llama2.c's: optional BOS (1), a leading space piece, one piece per UTF-8
 // character (byte-fallback tokens <0xXX> = id 3 + byte for characters not in the vocabulary),
 // then repeatedly merge the adjacent pair whose concatenation has the highest score.
+//
+// Both files come from outside: every header field is checked by name, and the bytes the
+// header describes are computed with overflow checks and compared with the file's size before
+// anything is allocated, so a truncated or hostile file is a loom::error naming the file and
+// the field, never an over-read or an allocation sized by garbage.
 
 #include <loom/core/error.hpp>
+#include <loom/data/input.hpp>
 #include <loom/io/tensor_map.hpp>
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -43,9 +51,11 @@ struct llama2c_checkpoint {
 };
 
 namespace detail {
+/// Reads a file's bytes in order; every read is checked against the end (pos_ <= size always).
 class byte_reader {
  public:
-  byte_reader(const std::vector<char>& b, std::string path) : b_(b), path_(std::move(path)) {}
+  /// `what` names the file in messages: "llama2.c checkpoint 'x.bin'".
+  byte_reader(const std::vector<char>& b, std::string what) : b_(b), what_(std::move(what)) {}
   template <class T>
   T get() {
     T v;
@@ -55,26 +65,48 @@ class byte_reader {
     return v;
   }
   void need(std::size_t n) const {
-    LOOM_CHECK(n <= b_.size() - pos_, "'", path_, "': truncated: needs ", n, " more bytes at offset ", pos_,
-               " of a ", b_.size(), "-byte file");
+    LOOM_CHECK(n <= b_.size() - pos_, what_, ": truncated: needs ", n, " more bytes at offset ", pos_, " of a ", b_.size(),
+               "-byte file");
   }
   void skip(std::size_t n) { need(n), pos_ += n; }
-  void seek(std::size_t p) { pos_ = p; }
+  void seek(std::size_t p) {
+    LOOM_CHECK(p <= b_.size(), what_, ": truncated: offset ", p, " is past the end of a ", b_.size(), "-byte file");
+    pos_ = p;
+  }
   std::size_t pos() const noexcept { return pos_; }
   std::size_t left() const noexcept { return b_.size() - pos_; }
   void floats(named_tensor& t) {
-    const auto n = static_cast<std::size_t>(t.numel());
-    need(n * 4);
-    t.data = buffer<float>(n);
-    std::memcpy(t.data.data(), b_.data() + pos_, n * 4);
-    pos_ += n * 4;
+    const auto n = data::shape_numel(t.shape);
+    const auto bytes = n ? data::mul_u64(*n, 4) : std::nullopt;
+    LOOM_CHECK(bytes && *bytes <= left(), what_, ": truncated: tensor of shape ", t.shape, " needs more than the ", left(),
+               " bytes left at offset ", pos_);
+    t.data = buffer<float>(static_cast<std::size_t>(*n));
+    if (*bytes) std::memcpy(t.data.data(), b_.data() + pos_, static_cast<std::size_t>(*bytes));
+    pos_ += static_cast<std::size_t>(*bytes);
   }
 
  private:
   const std::vector<char>& b_;
-  std::string path_;
+  std::string what_;
   std::size_t pos_ = 0;
 };
+
+/// The float count of a llama2.c checkpoint with config `c`, or nothing when it does not fit
+/// 64 bits (the fields are positive int32, the products are not bounded).
+inline std::optional<std::uint64_t> llama2c_floats(const llama2c_config& c) {
+  using opt = std::optional<std::uint64_t>;  // nothing stays nothing; an overflow gives nothing
+  const auto mul = [](opt a, opt b) -> opt { return a && b ? data::mul_u64(*a, *b) : std::nullopt; };
+  const auto add = [](opt a, opt b) -> opt { return a && b ? data::add_u64(*a, *b) : std::nullopt; };
+  const auto u = [](std::int32_t x) -> opt { return static_cast<std::uint64_t>(x); };
+  const opt D = u(c.dim), H = u(c.hidden_dim), V = u(c.vocab_size), head_dim = u(c.dim / c.n_heads),
+            KD = mul(u(c.n_kv_heads), head_dim);
+  // per layer: 2 norms [D], wq and wo [D, D], wk and wv [KD, D], w1 and w3 [H, D], w2 [D, H]
+  const opt layer = add(add(mul(2u, D), mul(2u, mul(D, D))), add(mul(2u, mul(KD, D)), mul(3u, mul(H, D))));
+  // the layers, the final norm [D], the embedding [V, D] and the classifier [V, D] unless shared
+  opt total = add(add(mul(layer, u(c.n_layers)), D), mul(c.shared_classifier ? 1u : 2u, mul(V, D)));
+  if (c.version == 0) total = add(total, mul(u(c.seq_len), mul(2u, *head_dim / 2)));  // two RoPE tables [seq_len, head_dim/2]
+  return total;
+}
 }  // namespace detail
 
 inline constexpr std::uint32_t llama2c_magic = 0x616b3432u;  // "ak42"
@@ -82,31 +114,44 @@ inline constexpr std::uint32_t llama2c_magic = 0x616b3432u;  // "ak42"
 /// Reads a legacy or version-1 llama2.c checkpoint.
 inline llama2c_checkpoint read_llama2c(const std::string& path) {
   const std::vector<char> bytes = detail::read_file_bytes(path);
-  detail::byte_reader r(bytes, path);
+  const std::string what = "llama2.c checkpoint '" + path + "'";
+  detail::byte_reader r(bytes, what);
   llama2c_checkpoint ck;
   llama2c_config& c = ck.config;
+  constexpr std::size_t v1_header_bytes = 256;
   const auto first = r.get<std::uint32_t>();
   if (first == llama2c_magic) {
+    LOOM_CHECK(bytes.size() >= v1_header_bytes, what, ": truncated: a version-1 header is ", v1_header_bytes,
+               " bytes, the file has ", bytes.size());
     c.version = r.get<std::int32_t>();
-    LOOM_CHECK(c.version == 1, "'", path, "': llama2.c version ", c.version,
+    LOOM_CHECK(c.version == 1, what, ": llama2.c version ", c.version,
                " is not supported (legacy and version 1 are; versions 2+ are quantised)");
   } else {
     r.seek(0);
   }
-  std::int32_t* fields[] = {&c.dim, &c.hidden_dim, &c.n_layers, &c.n_heads, &c.n_kv_heads, &c.vocab_size, &c.seq_len};
-  for (auto* f : fields) *f = r.get<std::int32_t>();
+  std::pair<const char*, std::int32_t*> fields[] = {{"dim", &c.dim},         {"hidden_dim", &c.hidden_dim}, {"n_layers", &c.n_layers},
+                                                    {"n_heads", &c.n_heads}, {"n_kv_heads", &c.n_kv_heads}, {"vocab_size", &c.vocab_size},
+                                                    {"seq_len", &c.seq_len}};
+  for (auto [name, f] : fields) *f = r.get<std::int32_t>();
   if (c.version == 1) {
     c.shared_classifier = r.get<std::uint8_t>() != 0;
-    r.seek(256);
+    r.seek(v1_header_bytes);
   } else {
+    // legacy: a negative vocab_size marks an unshared classifier (INT32_MIN has no positive)
     c.shared_classifier = c.vocab_size > 0;
-    if (c.vocab_size < 0) c.vocab_size = -c.vocab_size;
+    if (c.vocab_size < 0 && c.vocab_size != INT32_MIN) c.vocab_size = -c.vocab_size;
   }
-  LOOM_CHECK(c.dim > 0 && c.hidden_dim > 0 && c.n_layers > 0 && c.n_heads > 0 && c.n_kv_heads > 0 && c.vocab_size > 0 &&
-                 c.seq_len > 0 && c.dim % c.n_heads == 0 && c.n_heads % c.n_kv_heads == 0,
-             "'", path, "': implausible llama2.c header: dim=", c.dim, " hidden_dim=", c.hidden_dim, " n_layers=",
-             c.n_layers, " n_heads=", c.n_heads, " n_kv_heads=", c.n_kv_heads, " vocab_size=", c.vocab_size,
-             " seq_len=", c.seq_len);
+  for (auto [name, f] : fields) LOOM_CHECK(*f > 0, what, ": header field ", name, "=", *f, " must be > 0");
+  LOOM_CHECK(c.dim % c.n_heads == 0, what, ": header field dim=", c.dim, " is not divisible by n_heads=", c.n_heads);
+  LOOM_CHECK(c.n_heads % c.n_kv_heads == 0, what, ": header field n_heads=", c.n_heads, " is not divisible by n_kv_heads=", c.n_kv_heads);
+  // The whole size before any allocation: huge dimensions in a small file stop here
+  const auto floats = detail::llama2c_floats(c);
+  const auto need = floats ? data::mul_u64(*floats, 4) : std::nullopt;
+  LOOM_CHECK(need && *need == r.left(), what, ": the header (dim=", c.dim, " hidden_dim=", c.hidden_dim, " n_layers=", c.n_layers,
+             " n_heads=", c.n_heads, " n_kv_heads=", c.n_kv_heads, " vocab_size=", c.vocab_size, " seq_len=", c.seq_len,
+             c.shared_classifier ? " shared" : " unshared", " classifier) describes ",
+             need ? std::to_string(*need) : std::string("more than 2^64"), " bytes of weights, the file has ", r.left(),
+             " after the ", r.pos(), "-byte header", need && *need > r.left() ? " (truncated?)" : " (wrong format?)");
   const std::int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, hd = c.dim / c.n_heads, KD = c.n_kv_heads * hd;
   auto& T = ck.tensors;
   auto read = [&](const std::string& name, std::vector<std::int64_t> shape) {
@@ -142,10 +187,10 @@ inline llama2c_checkpoint read_llama2c(const std::string& path) {
     per_layer("feed_forward.w2.weight", {D, H});
     per_layer("feed_forward.w3.weight", {H, D});
     read("norm.weight", {D});
-    r.skip(static_cast<std::size_t>(2 * c.seq_len * (hd / 2)) * 4);  // RoPE tables: recomputed
+    r.skip(static_cast<std::size_t>(c.seq_len) * static_cast<std::size_t>(hd / 2) * 2 * 4);  // RoPE tables: recomputed
   }
   if (!c.shared_classifier) read("output.weight", {V, D});
-  LOOM_CHECK(r.left() == 0, "'", path, "': ", r.left(), " unexpected bytes after the last tensor (wrong format?)");
+  LOOM_CHECK(r.left() == 0, what, ": ", r.left(), " unexpected bytes after the last tensor (wrong format?)");
   return ck;
 }
 
@@ -155,21 +200,33 @@ class llama2c_tokenizer {
   static constexpr std::int32_t bos = 1, eos = 2;
 
   /// Reads up to `vocab_size` tokens (all the file holds when vocab_size <= 0). A model whose
-  /// vocabulary is larger than the tokenizer's never decodes the extra ids to text.
+  /// vocabulary is larger than the tokenizer's never decodes the extra ids to text. The file
+  /// must hold at least ids 0..2 (<unk>, <s>, </s>): encode() emits 0 as byte fallback and
+  /// 1 and 2 as bos and eos, and a model must be able to embed them.
   explicit llama2c_tokenizer(const std::string& path, std::int32_t vocab_size = 0) {
+    const std::string what = "tokenizer '" + path + "'";
+    LOOM_CHECK(vocab_size <= 0 || vocab_size >= 3, what, ": vocab_size=", vocab_size,
+               " is too small (ids 0, 1, 2 are <unk>, <s>, </s>); give the model's vocab_size or 0 for the file's");
     const std::vector<char> bytes = detail::read_file_bytes(path);
-    detail::byte_reader r(bytes, path);
+    detail::byte_reader r(bytes, what);
+    LOOM_CHECK(r.left() >= 4, what, ": truncated: ", bytes.size(), " bytes hold no max_token_length field");
     max_len_ = r.get<std::int32_t>();
-    LOOM_CHECK(max_len_ > 0, "tokenizer '", path, "': max_token_length=", max_len_);
+    LOOM_CHECK(max_len_ > 0, what, ": max_token_length=", max_len_, " must be > 0");
     while (r.left() > 0 && (vocab_size <= 0 || static_cast<std::int32_t>(pieces_.size()) < vocab_size)) {
+      LOOM_CHECK(r.left() >= 8, what, ": truncated in token ", pieces_.size(), ": ", r.left(),
+                 " bytes left at offset ", r.pos(), ", a token needs 8 for its score and length");
       const float score = r.get<float>();
       const auto len = r.get<std::int32_t>();
-      LOOM_CHECK(len >= 0 && len <= max_len_, "tokenizer '", path, "': token ", pieces_.size(), " has length ", len);
-      r.need(static_cast<std::size_t>(len));
+      LOOM_CHECK(len >= 0 && len <= max_len_, what, ": token ", pieces_.size(), " has length ", len, " outside [0, max_token_length=",
+                 max_len_, "]");
+      LOOM_CHECK(static_cast<std::size_t>(len) <= r.left(), what, ": token ", pieces_.size(), " has length ", len, " but only ",
+                 r.left(), " bytes are left at offset ", r.pos(), " (truncated?)");
+      LOOM_CHECK(pieces_.size() < static_cast<std::size_t>(INT32_MAX), what, ": more than 2^31 - 1 tokens");
       pieces_.emplace_back(bytes.data() + r.pos(), static_cast<std::size_t>(len));
       r.skip(static_cast<std::size_t>(len));
       scores_.push_back(score);
     }
+    LOOM_CHECK(pieces_.size() >= 3, what, ": holds ", pieces_.size(), " tokens; needs at least 3 (<unk>, <s>, </s>)");
     for (std::size_t i = 0; i < pieces_.size(); ++i) lookup_.emplace(pieces_[i], static_cast<std::int32_t>(i));
   }
 
@@ -230,10 +287,11 @@ class llama2c_tokenizer {
   std::string decode(std::int32_t prev, std::int32_t id) const {
     std::string p = piece(id);
     if (prev == bos && !p.empty() && p[0] == ' ') p.erase(0, 1);
-    if (p.size() == 6 && p.compare(0, 3, "<0x") == 0 && p[5] == '>') {
-      const auto hex = [](char ch) { return ch <= '9' ? ch - '0' : (ch | 0x20) - 'a' + 10; };
+    const auto hex = [](char ch) {
+      return ch >= '0' && ch <= '9' ? ch - '0' : (ch | 0x20) >= 'a' && (ch | 0x20) <= 'f' ? (ch | 0x20) - 'a' + 10 : -1;
+    };
+    if (p.size() == 6 && p.compare(0, 3, "<0x") == 0 && p[5] == '>' && hex(p[3]) >= 0 && hex(p[4]) >= 0)
       return std::string(1, static_cast<char>(hex(p[3]) * 16 + hex(p[4])));
-    }
     return p;
   }
   std::string decode(const std::vector<std::int32_t>& ids, std::int32_t prev = bos) const {

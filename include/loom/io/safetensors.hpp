@@ -7,21 +7,29 @@
 //
 // Why checked so carefully: a checkpoint comes from outside. Every offset, shape and size is
 // validated against the file before a byte is read, and every failure names the file and the
-// tensor, so a truncated download gives a message instead of garbage weights.
+// tensor, so a truncated download gives a message instead of garbage weights. Sizes are
+// computed with overflow checks, the tensors must tile the data bytes exactly (no overlap, no
+// hole, as the format's reference reader requires), and nothing is allocated before the whole
+// header has passed.
 //
 // Also reads HF's config.json of a LLaMA model (hf_llama_config), with nlohmann-json.
 
 #include <loom/core/error.hpp>
 #include <loom/core/float16.hpp>
+#include <loom/data/input.hpp>
+#include <loom/data/json_input.hpp>
 #include <loom/io/tensor_map.hpp>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace loom::io {
@@ -36,56 +44,93 @@ inline std::size_t dtype_size(const std::string& dt) {
 
 static_assert(std::endian::native == std::endian::little, "loom::io reads little-endian files on little-endian hosts");
 
+/// The largest header read; the format's reference reader refuses larger ones too, and a JSON
+/// document costs several times its size in memory.
+inline constexpr std::uint64_t safetensors_max_header_bytes = 100'000'000;
+
 /// All tensors of a .safetensors file, as float.
 inline tensor_map read_safetensors(const std::string& path) {
+  using data::quote_input, data::quote_json;
   const std::vector<char> bytes = detail::read_file_bytes(path);
-  LOOM_CHECK(bytes.size() >= 8, "safetensors '", path, "': file of ", bytes.size(), " bytes has no header");
+  const std::string what = "safetensors '" + path + "'";
+  LOOM_CHECK(bytes.size() >= 8, what, ": file of ", bytes.size(), " bytes has no header");
   std::uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
-  LOOM_CHECK(n <= bytes.size() - 8, "safetensors '", path, "': header length ", n, " exceeds the file size ",
-             bytes.size());
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
-  } catch (const nlohmann::json::exception& e) {
-    LOOM_THROW("safetensors '", path, "': header is not valid JSON: ", e.what());
-  }
-  LOOM_CHECK(header.is_object(), "safetensors '", path, "': header is not a JSON object");
+  LOOM_CHECK(n <= bytes.size() - 8, what, ": header length ", n, " exceeds the file size ", bytes.size());
+  LOOM_CHECK(n <= safetensors_max_header_bytes, what, ": header length ", n, " exceeds the limit of ", safetensors_max_header_bytes, " bytes");
+  const nlohmann::json header =
+      data::parse_json_input(std::string_view(bytes.data() + 8, static_cast<std::size_t>(n)), what + ": header");
+  LOOM_CHECK(header.is_object(), what, ": header is not a JSON object");
   const char* data = bytes.data() + 8 + n;
   const std::uint64_t data_size = bytes.size() - 8 - n;
-  tensor_map out;
+
+  // Every entry is checked, and the entries together, before any tensor is allocated
+  struct entry {
+    std::string name, dtype;
+    std::vector<std::int64_t> shape;
+    std::uint64_t count = 0, begin = 0, end = 0;
+  };
+  std::vector<entry> entries;
   for (auto& [name, info] : header.items()) {
     if (name == "__metadata__") continue;
-    try {
-      const std::string dt = info.at("dtype").get<std::string>();
-      const std::size_t es = detail::dtype_size(dt);
-      LOOM_CHECK(es != 0, "unsupported dtype '", dt, "' (F32, F16, BF16 are)");
-      named_tensor t;
-      t.shape = info.at("shape").get<std::vector<std::int64_t>>();
-      for (auto e : t.shape) LOOM_CHECK(e >= 0, "negative extent ", e);
-      const auto off = info.at("data_offsets").get<std::vector<std::uint64_t>>();
-      LOOM_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= data_size, "data_offsets out of the file's ",
-                 data_size, " data bytes");
-      const auto count = static_cast<std::uint64_t>(t.numel());
-      LOOM_CHECK(off[1] - off[0] == count * es, "data_offsets span ", off[1] - off[0], " bytes, shape needs ",
-                 count * es);
-      t.data = buffer<float>(static_cast<std::size_t>(count));
-      const char* p = data + off[0];
-      for (std::uint64_t i = 0; i < count; ++i) {
-        if (dt == "F32") {
-          std::memcpy(&t.data[i], p + 4 * i, 4);
-        } else {
-          std::uint16_t b;
-          std::memcpy(&b, p + 2 * i, 2);
-          t.data[i] = dt == "F16" ? static_cast<float>(std::bit_cast<half>(b)) : static_cast<float>(std::bit_cast<bfloat16>(b));
-        }
+    const std::string where = what + ": tensor " + quote_input(name);
+    LOOM_CHECK(info.is_object(), where, ": entry must be an object, got ", quote_json(info));
+    for (const char* key : {"dtype", "shape", "data_offsets"}) LOOM_CHECK(info.contains(key), where, ": missing \"", key, "\"");
+    entry e{name, "", {}, 0, 0, 0};
+    const auto& dt = info["dtype"];
+    const std::size_t es = dt.is_string() ? detail::dtype_size(dt.get<std::string>()) : 0;
+    LOOM_CHECK(es != 0, where, ": unsupported dtype ", quote_json(dt), " (F32, F16, BF16 are)");
+    e.dtype = dt.get<std::string>();
+    const auto& shape = info["shape"];
+    LOOM_CHECK(shape.is_array(), where, ": shape must be a list of extents, got ", quote_json(shape));
+    for (std::size_t i = 0; i < shape.size(); ++i)
+      e.shape.push_back(data::json_integer(shape[i], where + ": shape[" + std::to_string(i) + "]", 0, INT64_MAX));
+    const auto count = data::shape_numel(e.shape);
+    const auto nbytes = count ? data::mul_u64(*count, es) : std::nullopt;
+    LOOM_CHECK(nbytes, where, ": shape ", e.shape, " has more elements than fit 64 bits");
+    e.count = *count;
+    const auto& off = info["data_offsets"];
+    LOOM_CHECK(off.is_array() && off.size() == 2, where, ": data_offsets must be [begin, end], got ", quote_json(off));
+    const auto limit = static_cast<std::int64_t>(data_size);
+    e.begin = static_cast<std::uint64_t>(data::json_integer(off[0], where + ": data_offsets[0]", 0, limit));
+    e.end = static_cast<std::uint64_t>(data::json_integer(off[1], where + ": data_offsets[1]", 0, limit));
+    LOOM_CHECK(e.begin <= e.end && e.end - e.begin == *nbytes, where, ": data_offsets [", e.begin, ", ", e.end, "] span ",
+               e.end - e.begin, " bytes, shape ", e.shape, " of ", e.dtype, " needs ", *nbytes);
+    entries.push_back(std::move(e));
+  }
+  // The tensors must tile the data bytes exactly, as the format requires: an overlap would
+  // alias two tensors, a hole would carry bytes no tensor accounts for
+  std::vector<const entry*> order;
+  for (const auto& e : entries) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const entry* a, const entry* b) { return std::pair(a->begin, a->end) < std::pair(b->begin, b->end); });
+  std::uint64_t at = 0;
+  const entry* prev = nullptr;
+  for (const entry* e : order) {
+    LOOM_CHECK(e->begin >= at, what, ": tensor ", quote_input(e->name), " (data_offsets [", e->begin, ", ", e->end,
+               "]) overlaps tensor ", quote_input(prev ? prev->name : ""), " (ending at ", at, ")");
+    LOOM_CHECK(e->begin == at, what, ": data bytes [", at, ", ", e->begin, ") belong to no tensor (before tensor ",
+               quote_input(e->name), ")");
+    at = e->end, prev = e;
+  }
+  LOOM_CHECK(at == data_size, what, ": data bytes [", at, ", ", data_size, ") after the last tensor belong to no tensor");
+
+  tensor_map out;
+  for (const auto& e : entries) {
+    named_tensor t;
+    t.shape = e.shape;
+    t.data = buffer<float>(static_cast<std::size_t>(e.count));
+    const char* p = data + e.begin;
+    if (e.dtype == "F32") {
+      if (e.count) std::memcpy(t.data.data(), p, 4 * static_cast<std::size_t>(e.count));
+    } else {
+      const bool f16 = e.dtype == "F16";
+      for (std::uint64_t i = 0; i < e.count; ++i) {
+        std::uint16_t b;
+        std::memcpy(&b, p + 2 * i, 2);
+        t.data[i] = f16 ? static_cast<float>(std::bit_cast<half>(b)) : static_cast<float>(std::bit_cast<bfloat16>(b));
       }
-      out.emplace(name, std::move(t));
-    } catch (const nlohmann::json::exception& e) {
-      LOOM_THROW("safetensors '", path, "': tensor '", name, "': bad entry: ", e.what());
-    } catch (const loom::error& e) {
-      LOOM_THROW("safetensors '", path, "': tensor '", name, "': ", e.what());
     }
+    out.emplace(e.name, std::move(t));
   }
   return out;
 }
@@ -134,22 +179,37 @@ struct hf_llama_config {
 
 inline hf_llama_config read_hf_llama_config(const std::string& path) {
   const std::vector<char> bytes = detail::read_file_bytes(path);
+  const std::string what = "config '" + path + "'";
+  const auto j = data::parse_json_input(bytes, what);
+  LOOM_CHECK(j.is_object(), what, ": not a JSON object");
+  // Ranges well above any released model: a value beyond one is garbage, not a model
+  const auto integer = [&](const char* key, std::int64_t max, std::optional<std::int32_t> fallback = std::nullopt) {
+    LOOM_CHECK(j.contains(key) || fallback, what, ": missing \"", key, "\"");
+    if (!j.contains(key)) return *fallback;
+    return static_cast<std::int32_t>(data::json_integer(j[key], what + ": \"" + key + "\"", 1, max));
+  };
+  const auto real = [&](const char* key, double min, double max, float fallback) {
+    return j.contains(key) ? data::json_real<float>(j[key], what + ": \"" + key + "\"", min, max) : fallback;
+  };
   hf_llama_config c;
-  try {
-    const auto j = nlohmann::json::parse(bytes.begin(), bytes.end());
-    c.hidden_size = j.at("hidden_size").get<std::int32_t>();
-    c.intermediate_size = j.at("intermediate_size").get<std::int32_t>();
-    c.num_hidden_layers = j.at("num_hidden_layers").get<std::int32_t>();
-    c.num_attention_heads = j.at("num_attention_heads").get<std::int32_t>();
-    c.num_key_value_heads = j.value("num_key_value_heads", c.num_attention_heads);
-    c.vocab_size = j.at("vocab_size").get<std::int32_t>();
-    c.max_position_embeddings = j.value("max_position_embeddings", 2048);
-    c.rms_norm_eps = j.value("rms_norm_eps", 1e-6f);
-    c.rope_theta = j.value("rope_theta", 10000.f);
-    c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-  } catch (const nlohmann::json::exception& e) {
-    LOOM_THROW("config '", path, "': ", e.what());
+  c.hidden_size = integer("hidden_size", 1 << 20);
+  c.intermediate_size = integer("intermediate_size", 1 << 22);
+  c.num_hidden_layers = integer("num_hidden_layers", 1 << 14);
+  c.num_attention_heads = integer("num_attention_heads", 1 << 16);
+  c.num_key_value_heads = integer("num_key_value_heads", 1 << 16, c.num_attention_heads);
+  c.vocab_size = integer("vocab_size", 1 << 26);
+  c.max_position_embeddings = integer("max_position_embeddings", 1 << 30, 2048);
+  c.rms_norm_eps = real("rms_norm_eps", 0.0, 1.0, 1e-6f);
+  c.rope_theta = real("rope_theta", 1.0, 1e12, 10000.f);
+  if (j.contains("tie_word_embeddings")) {
+    LOOM_CHECK(j["tie_word_embeddings"].is_boolean(), what, ": \"tie_word_embeddings\" must be true or false, got ",
+               data::quote_json(j["tie_word_embeddings"]));
+    c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
   }
+  LOOM_CHECK(c.hidden_size % c.num_attention_heads == 0, what, ": hidden_size=", c.hidden_size,
+             " is not divisible by num_attention_heads=", c.num_attention_heads);
+  LOOM_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, what, ": num_attention_heads=", c.num_attention_heads,
+             " is not divisible by num_key_value_heads=", c.num_key_value_heads);
   return c;
 }
 

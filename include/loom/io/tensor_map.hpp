@@ -9,6 +9,7 @@
 #include <loom/core/error.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -31,9 +32,15 @@ using tensor_map = std::map<std::string, named_tensor>;
 
 namespace detail {
 inline std::vector<char> read_file_bytes(const std::string& path) {
+  // A directory opens on Linux and reports a huge size: only regular files are read
+  std::error_code ec;
+  const bool regular = std::filesystem::is_regular_file(path, ec);
+  LOOM_CHECK(regular || !std::filesystem::exists(path, ec), "'", path, "' is not a regular file");
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   LOOM_CHECK(f.good(), "cannot open file '", path, "'");
-  const auto size = static_cast<std::size_t>(f.tellg());
+  const auto end = f.tellg();
+  LOOM_CHECK(end >= 0, "cannot determine the size of '", path, "'");
+  const auto size = static_cast<std::size_t>(end);
   std::vector<char> bytes(size);
   f.seekg(0);
   f.read(bytes.data(), static_cast<std::streamsize>(size));

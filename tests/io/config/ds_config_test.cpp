@@ -4,7 +4,11 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <string>
+
+#include <unistd.h>
 
 using loom::io::ds_config;
 using nlohmann::json;
@@ -247,4 +251,112 @@ TEST_CASE("the seed's ds_config_zero3.json parses, with offload_param and activa
   CHECK_THROWS_WITH_AS(loom::io::resolve_ds_config(d, {.world_size = 3, .hidden_size = 512}), doctest::Contains("train_batch_size=1024"),
                        loom::error);
   CHECK_THROWS_WITH_AS(loom::io::load_ds_config("/nonexistent/ds.json"), doctest::Contains("cannot open"), loom::error);
+}
+
+namespace {
+/// The message of the loom::error that `f` throws ("" if it throws none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const loom::error& e) {
+    return e.what();
+  }
+  return "";
+}
+/// [[[...[1]...]]], `depth` arrays deep, built without the parser.
+json nested(int depth) {
+  json j = 1;
+  for (int i = 0; i < depth; ++i) j = json::array({std::move(j)});
+  return j;
+}
+}  // namespace
+
+TEST_CASE("hostile numbers: no silent narrowing, wrapping or inf; each names the key and the value") {
+  // float fields: 1e300 would be inf as a float
+  refuses(R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {"weight_decay": 1e300}}})",
+          "\"optimizer.params.weight_decay\" must be <= 10, got 1e+300");
+  refuses(R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1000}}})", "\"optimizer.params.lr\" must be <= 10, got 1000");
+  refuses(R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {"eps": 1e-60}}})",
+          "\"optimizer.params.eps\" is too small for a 32-bit float, got 1e-60");
+  refuses(R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {"betas": [0.9, 1e300]}}})",
+          "\"optimizer.params.betas[1]\" must be <= 1, got 1e+300");
+  refuses(R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {"betas": [1, 0.9]}}})",
+          "\"optimizer.params.betas[0]\" must be in [0, 1), got 1");
+  refuses(R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {"betas": ["0.9", 0.9]}}})",
+          "\"optimizer.params.betas[0]\" must be a number, got \"0.9\"");
+  refuses(R"({"train_batch_size": 1, "gradient_clipping": 1e300})", "\"gradient_clipping\" must be <= ");
+  refuses(R"({"train_batch_size": 1, "fp16": {"enabled": true, "loss_scale": 1e39}})", "\"fp16.loss_scale\" must be <= ");
+  refuses(R"({"train_batch_size": 1, "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 50, "cos_min_ratio": 2}}})",
+          "\"scheduler.params.cos_min_ratio\" must be <= 1, got 2");
+  // int fields: 2^32 + 64 would read as 64 through a 32-bit cast
+  refuses(R"({"train_batch_size": 1, "fp16": {"enabled": true, "hysteresis": 4294967360}})",
+          "\"fp16.hysteresis\" must be <= 2147483647, got 4294967360");
+  refuses(R"({"train_batch_size": 1, "fp16": {"enabled": true, "initial_scale_power": 128}})",
+          "\"fp16.initial_scale_power\" must be <= 127, got 128");
+  refuses(R"({"train_batch_size": 1, "zero_optimization": {"stage": -1}})", "\"zero_optimization.stage\" must be >= 0, got -1");
+  refuses(R"({"train_batch_size": 1, "zero_optimization": {"stage": 4294967298}})", "\"zero_optimization.stage\" must be <= 2147483647, got 4294967298");
+  // int64 fields: unsigned beyond int64, integral floats beyond int64, negative counts
+  refuses(R"({"train_batch_size": 18446744073709551615})", "\"train_batch_size\" must be <= 2147483647, got 18446744073709551615");
+  refuses(R"({"train_batch_size": 1e300})", "\"train_batch_size\" must be <= 2147483647, got 1e+300");
+  refuses(R"({"train_batch_size": 1, "steps_per_print": 1e19})", "\"steps_per_print\" must be <= 9223372036854775807, got 1e+19");
+  refuses(R"({"train_batch_size": 1, "steps_per_print": -1e19})", "\"steps_per_print\" must be >= 1, got -1e+19");
+  refuses(R"({"train_batch_size": 1, "zero_optimization": {"stage": 3, "reduce_bucket_size": -5}})",
+          "\"zero_optimization.reduce_bucket_size\" must be >= 1, got -5");
+  refuses(R"({"train_batch_size": 1, "scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": 18446744073709551615}}})",
+          "last_batch_iteration\" other than -1 is not supported");
+  // in range they still read exactly
+  auto c = resolved(R"({"train_batch_size": 2147483647, "steps_per_print": 9223372036854775807, "fp16": {"enabled": true, "hysteresis": 2147483647}})");
+  CHECK(c.steps_per_print == 9223372036854775807LL);
+  CHECK(c.fp16.hysteresis == 2147483647);
+  // batch sizes whose product with the world size overflows, set by a caller after parsing
+  auto d = parse(R"({"train_batch_size": 1})");
+  d.train_batch_size_given = std::nullopt;
+  d.micro_batch_given = std::int64_t{1} << 40, d.grad_accum_given = std::int64_t{1} << 40;
+  CHECK_THROWS_WITH_AS(loom::io::resolve_ds_config(d, {.world_size = 1 << 20}), doctest::Contains("batch sizes out of range"), loom::error);
+}
+
+TEST_CASE("hostile structure: deep nesting and huge values give short messages naming the key") {
+  // a value nested far deeper than any stack: quoting it in the message must stay bounded
+  json j = {{"train_batch_size", nested(200000)}};
+  std::string m = error_of([&] { loom::io::parse_ds_config(j); });
+  CHECK(m.find("\"train_batch_size\" must be an integer, got [[[[") != std::string::npos);
+  CHECK(m.size() < 400);
+  j = {{"train_batch_size", 1}, {"fp16", nested(200000)}};
+  m = error_of([&] { loom::io::parse_ds_config(j); });
+  CHECK(m.find("\"fp16\" must be an object") != std::string::npos);
+  CHECK(m.size() < 400);
+  // a 20 MB string value, and a 20 MB unknown key
+  const std::string big(20 << 20, 'x');
+  j = {{"train_batch_size", 1}, {"optimizer", {{"type", big}}}};
+  m = error_of([&] { loom::io::parse_ds_config(j); });
+  CHECK(m.find("\"optimizer.type\" \"xxxx") != std::string::npos);
+  CHECK(m.find("... (20971520 bytes)") != std::string::npos);
+  CHECK(m.size() < 400);
+  j = {{"train_batch_size", 1}, {big, 1}};
+  m = error_of([&] { loom::io::parse_ds_config(j); });
+  CHECK(m.find("unknown key \"xxxx") != std::string::npos);
+  CHECK(m.size() < 1000);
+  j = {{"train_batch_size", 1}, {"zero_optimization", {{"stage", 1}, {"offload_optimizer", {{"device", big + "\x1b[2J"}}}}}};
+  m = error_of([&] { loom::io::parse_ds_config(j); });
+  CHECK(m.find("\"zero_optimization.offload_optimizer.device\" must be") != std::string::npos);
+  CHECK(m.size() < 400);
+
+  // from a file: nesting beyond the parser's limit is refused while parsing, naming the file
+  const std::string path = std::string("/tmp/loom_ds_deep_") + std::to_string(::getpid()) + ".json";
+  {
+    std::ofstream f(path);
+    f << R"({"train_batch_size": )" << std::string(100000, '[') << std::string(100000, ']') << "}";
+  }
+  m = error_of([&] { loom::io::load_ds_config(path); });
+  CHECK(m.find(path) != std::string::npos);
+  CHECK(m.find("nesting deeper than 64") != std::string::npos);
+  {
+    std::ofstream f(path);
+    f << R"({"train_batch_size": ")" << big << "\x01\"}";  // invalid: a control byte ends a 20 MB string
+  }
+  m = error_of([&] { loom::io::load_ds_config(path); });
+  CHECK(m.find("not valid JSON") != std::string::npos);
+  CHECK(m.size() < 1000);
+  std::remove(path.c_str());
 }
