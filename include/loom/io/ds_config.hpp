@@ -326,8 +326,9 @@ inline constexpr std::int64_t max_batch = std::numeric_limits<std::int32_t>::max
 /// learning rates and weight decay: AdamW moves a weight by about lr per step, so no model
 /// trains above this (1e3 written for 1e-3 is refused, not run)
 inline constexpr double max_rate = 10.0;
-/// loss scales: the dynamic scale starts at 2^initial_scale_power, which is at most 2^127
-inline constexpr double max_loss_scale = 1.7014118346046923e38;  // 2^127
+/// loss scales: any finite float (a static scale near FLT_MAX is how a test forces every
+/// step to overflow; the dynamic scale starts at 2^initial_scale_power <= 2^127)
+inline constexpr double max_loss_scale = 3.4028234663852886e38;  // FLT_MAX
 }  // namespace detail
 
 /// Parses and checks a config; "auto" values stay marked until resolve_ds_config().
