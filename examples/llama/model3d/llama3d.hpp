@@ -1,22 +1,27 @@
 #pragma once
-// The LLaMA of examples/llama/model/llama.hpp cut over a tensor group and pipeline stages:
-// what ONE rank of a (dp, tp, pp) mesh holds and runs.
+// The LLaMA decoder, one definition for every mesh: what ONE rank of a (dp, tp, pp) mesh holds
+// and runs. The single-rank model (llama::model, model/llama.hpp) is this class at tp = 1,
+// pp = 1 on a comm::self_comm; the trainer's mesh ranks run it on their tensor group and
+// pipeline stage. There is no second forward to keep in step (design.md section 6).
 //
-// Why it is written this way: it is the single-rank model's code with each layer swapped for
-// its nn/tp counterpart (heads, FFN hidden units and vocabulary split over tp) and the block
-// loop restricted to this stage's layers, so a reader can diff the two. The single-rank model
-// stays the oracle: parameters carry the same names, every shard is initialised with the
-// counter-RNG values of the same elements of the full flat buffer, and store_params /
-// store_grads write a rank's shards back into the single-rank layout.
+// Layers: nn::attention and nn::swiglu_mlp split their heads / hidden units over the tensor
+// group (one all-reduce each in forward and backward), the vocab-parallel embedding and
+// output projection split the vocabulary, and this stage holds the layers [first, last) of
+// the pipeline split. Parameters carry the single-rank model's names, every shard is
+// initialised with the counter-RNG values of the same elements of the full flat buffer, and
+// store_params / store_grads write a rank's shards back into the single-rank layout.
 //
 // ---- Interface -----------------------------------------------------------------------------
 //
 //   llama3d::stage_model<P, T, C> m(cfg, tp_comm, stage, stages, memory);
-//   m.init(seed);                       // = llama::model::init on the elements held here
+//   m.init(seed);                       // element i of the full flat buffer = f(seed, i)
+//   m.set_checkpointing(true);          // optional: keep block inputs only, recompute in backward
 //   per micro-batch mb (any order a pipeline schedule gives, several in flight):
 //     m.forward(mb, tokens, targets)    // [batch, seq]; first stage embeds tokens, the others
 //                                       // read m.input(mb) (filled by a recv); last stage
-//                                       // returns the micro-batch's mean loss (others 0)
+//                                       // returns the micro-batch's mean loss (others 0) and
+//                                       // makes the logits' gradient in the same pass
+//     m.forward(mb, tokens)             // logits only (last stage: m.logits(mb))
 //     m.output(mb)                      // [batch*seq, dim] to send to the next stage
 //     m.output_grad(mb)                 // where a recv puts d(loss)/d(output) (non-last stages)
 //     m.backward(mb, dloss)             // grads ADDED (accumulate over micro-batches)
@@ -29,20 +34,27 @@
 // last. With tied embeddings and pp > 1 the last stage holds a copy of its vocabulary shard
 // of tok_embeddings.weight (replica 1); the trainer sums the two copies' gradients so they
 // stay equal. Activation memory is one slot per micro-batch in flight (GPipe: m, 1F1B: at
-// most pp - stage), taken at forward and given back by release().
+// most pp - stage), taken at forward and given back by release(); under checkpointing a slot
+// keeps the block inputs and one block's activations, recomputed block by block in backward.
+//
+// Block:  h = x + attention(rmsnorm(x)),  out = h + swiglu_mlp(rmsnorm(h)). Backward updates
+// the residual stream's gradient in place (each branch's term is added once the branch that
+// reads the old value is done), and every branch writes its own gradient buffers rather
+// than zeroing and adding.
 
-#include <llama/model/llama.hpp>
+#include <llama/model/config.hpp>
 
 #include <loom/comm/communicator.hpp>
 #include <loom/core/buffer.hpp>
 #include <loom/core/random.hpp>
+#include <loom/nn/attention.hpp>
+#include <loom/nn/checkpoint.hpp>
+#include <loom/nn/mlp.hpp>
 #include <loom/nn/norm.hpp>
 #include <loom/nn/parameters.hpp>
-#include <loom/nn/tp/attention.hpp>
 #include <loom/nn/tp/cross_entropy.hpp>
 #include <loom/nn/tp/embedding.hpp>
 #include <loom/nn/tp/linear.hpp>
-#include <loom/nn/tp/mlp.hpp>
 #include <loom/nn/tp/shard.hpp>
 #include <loom/nn/workspace.hpp>
 
@@ -86,28 +98,64 @@ inline void check_tensor_split(const llama::config& c, int tp) {
   LOOM_CHECK(c.vocab % tp == 0, "llama3d: vocab (", c.vocab, ") must be divisible by tp (", tp, ")");
 }
 
-/// The single-rank model's flat layout (names, offsets), built without allocating it: the
-/// same declarations in the same order as llama::model (the test compares the two).
+template <loom::ops::compute_type T>
+struct block {
+  loom::nn::rmsnorm<T> attention_norm;
+  loom::nn::attention<T> attention;
+  loom::nn::rmsnorm<T> ffn_norm;
+  loom::nn::swiglu_mlp<T> feed_forward;
+};
+
+/// The layers one rank holds, declared into its flat layout in the single-rank model's order
+/// (tok_embeddings, layers.{i}.*, norm, output), with each shard's place in the full tensor.
+template <loom::ops::compute_type T>
+struct stage_layers {
+  loom::nn::param_layout layout;
+  tp::shard_list shards;
+  tp::vocab_parallel_embedding<T> tok_embeddings;  // first stage
+  std::vector<block<T>> blocks;                    // layers [range.first, range.last)
+  loom::nn::rmsnorm<T> norm;                       // last stage
+  tp::column_parallel_linear<T> output;            // last stage (tied: over tok_embeddings)
+
+  stage_layers(const llama::config& c, tp::tp_rank t, stage_range range, bool first, bool last) {
+    auto& L = layout;
+    auto* sh = &shards;
+    const T eps = T(c.norm_eps);
+    auto replicated = [&](const std::string& name, const loom::nn::param_slot<1>& s) {
+      tp::record(sh, name, s, s.shape[0], 1, 0, 0, t.rank);
+    };
+    if (first) tok_embeddings = tp::vocab_parallel_embedding<T>(L, "tok_embeddings", c.vocab, c.dim, t, sh);
+    const loom::nn::attention_config ac{c.dim, c.n_heads, c.n_kv_heads, c.seq_len, c.rope_theta, c.rope, {}, false};
+    for (index_t l = range.first; l < range.last; ++l) {
+      const std::string pre = "layers." + std::to_string(l) + ".";
+      block<T> b;
+      b.attention_norm = loom::nn::rmsnorm<T>(L, pre + "attention_norm", c.dim, eps);
+      replicated(pre + "attention_norm.weight", b.attention_norm.weight());
+      b.attention = loom::nn::attention<T>(L, pre + "attention", ac, t, sh);
+      b.ffn_norm = loom::nn::rmsnorm<T>(L, pre + "ffn_norm", c.dim, eps);
+      replicated(pre + "ffn_norm.weight", b.ffn_norm.weight());
+      b.feed_forward = loom::nn::swiglu_mlp<T>(L, pre + "feed_forward", c.dim, c.hidden_dim, t, sh);
+      blocks.push_back(std::move(b));
+    }
+    if (last) {
+      norm = loom::nn::rmsnorm<T>(L, "norm", c.dim, eps);
+      replicated("norm.weight", norm.weight());
+      if (!c.tied_output) {
+        output = tp::column_parallel_linear<T>(L, "output", c.dim, c.vocab, t, sh);
+      } else if (first) {
+        output = tp::column_parallel_linear<T>(tok_embeddings.weight(), tok_embeddings.first_token());
+      } else {  // the last stage's copy of its tok_embeddings shard
+        output = tp::column_parallel_linear<T>(L, "tok_embeddings", c.dim, c.vocab, t, nullptr);
+        tp::record(sh, "tok_embeddings.weight", output.local().weight(), c.vocab, c.dim, output.first_output(), 0, 1);
+      }
+    }
+  }
+};
+
+/// The single-rank model's flat layout (names, offsets): the one stage of tp = 1, pp = 1.
 inline loom::nn::param_layout full_layout(const llama::config& c) {
   c.validate();
-  loom::nn::param_layout L;
-  const index_t d = c.dim, hd = c.head_dim();
-  L.add("tok_embeddings.weight", loom::extents<2>{c.vocab, d});
-  for (index_t l = 0; l < c.n_layers; ++l) {
-    const std::string pre = "layers." + std::to_string(l) + ".";
-    L.add(pre + "attention_norm.weight", loom::extents<1>{d});
-    L.add(pre + "attention.wq.weight", loom::extents<2>{c.n_heads * hd, d});
-    L.add(pre + "attention.wk.weight", loom::extents<2>{c.n_kv_heads * hd, d});
-    L.add(pre + "attention.wv.weight", loom::extents<2>{c.n_kv_heads * hd, d});
-    L.add(pre + "attention.wo.weight", loom::extents<2>{d, c.n_heads * hd});
-    L.add(pre + "ffn_norm.weight", loom::extents<1>{d});
-    L.add(pre + "feed_forward.w1.weight", loom::extents<2>{c.hidden_dim, d});
-    L.add(pre + "feed_forward.w2.weight", loom::extents<2>{d, c.hidden_dim});
-    L.add(pre + "feed_forward.w3.weight", loom::extents<2>{c.hidden_dim, d});
-  }
-  L.add("norm.weight", loom::extents<1>{d});
-  if (!c.tied_output) L.add("output.weight", loom::extents<2>{c.vocab, d});
-  return L;
+  return stage_layers<float>(c, {}, split_layers(c.n_layers, 1, 0), true, true).layout;
 }
 
 template <loom::ops::param_type P, loom::ops::compute_type T, loom::comm::communicator C>
@@ -115,26 +163,21 @@ class stage_model {
   template <class E>
   using view2 = loom::tensor_view<E, loom::host, 2>;
 
-  struct block {
-    loom::nn::rmsnorm<T> attention_norm;
-    tp::parallel_attention<T> attention;
-    loom::nn::rmsnorm<T> ffn_norm;
-    tp::parallel_swiglu_mlp<T> feed_forward;
-  };
   struct block_acts {
-    loom::buffer<T> xn1, rstd1;  // [n, dim], [n]
-    typename tp::parallel_attention<T>::activations attn;
-    loom::buffer<T> h;           // [n, dim]
-    loom::buffer<T> xn2, rstd2;
-    typename tp::parallel_swiglu_mlp<T>::activations mlp;
+    loom::buffer<T> xn1, rstd1;  // [n, dim], [n]: attention_norm(x)
+    typename loom::nn::attention<T>::activations attn;
+    loom::buffer<T> h;           // [n, dim]: x + attention
+    loom::buffer<T> xn2, rstd2;  // ffn_norm(h)
+    typename loom::nn::swiglu_mlp<T>::activations mlp;
   };
   // Everything one micro-batch in flight keeps between its forward and its backward.
   struct slot {
     index_t batch = 0, seq = 0;
+    bool has_targets = false;
     loom::buffer<std::int32_t> tokens, targets;  // [n]
     loom::buffer<T> resid;                       // [layers + 1, n, dim]: stage input .. output
-    std::vector<block_acts> acts;
-    loom::buffer<T> xf, rstdf, logits;           // last stage: [n, dim], [n], [n, vocab/tp]
+    loom::nn::block_activations<block_acts> acts;
+    loom::buffer<T> xf, rstdf, logits, dlogits;  // last stage: [n, dim], [n], [n, vocab/tp] x 2
     std::unique_ptr<tp::vocab_parallel_cross_entropy<T>> loss;
     loom::buffer<T> dout, din;                   // [n, dim]: gradient of the output / input
   };
@@ -147,12 +190,13 @@ class stage_model {
   /// cuts them into equal slices).
   stage_model(const llama::config& c, C& tp_comm, int stage, int stages,
               loom::memory_resource& mr = loom::default_resource<loom::host>(), std::size_t pad_to = 1)
-      : cfg_((check_tensor_split(c, tp_comm.size()), c)), tp_(&tp_comm), t_{tp_comm.rank(), tp_comm.size()},
-        stage_(stage), stages_(stages), range_(split_layers(c.n_layers, stages, stage)), mr_(&mr), layout_(declare()),
-        size_((layout_.size() + pad_to - 1) / pad_to * pad_to), params_(size_, mr), grads_(size_, mr), ws_(0, mr),
-        dx_a_(0, mr), dx_b_(0, mr) {
-    const auto full = full_layout(c);
-    for (const auto& s : shards_) full_offset_[s.name] = full.find(s.name).offset;
+      : cfg_((check_tensor_split(c, tp_comm.size()), c)), tp_(&tp_comm), stage_(stage), stages_(stages),
+        range_(split_layers(c.n_layers, stages, stage)), mr_(&mr),
+        layers_(c, tp::tp_rank::of(tp_comm), range_, stage == 0, stage == stages - 1),
+        size_((layers_.layout.size() + pad_to - 1) / pad_to * pad_to), params_(size_, mr), grads_(size_, mr), ws_(0, mr),
+        dresid_(0, mr) {
+    const auto full = stages == 1 && tp_comm.size() == 1 ? layers_.layout : full_layout(c);
+    for (const auto& s : layers_.shards) full_offset_[s.name] = full.find(s.name).offset;
     std::fill(params_.begin(), params_.end(), P(0.f));
     zero_grad();
   }
@@ -167,10 +211,10 @@ class stage_model {
   std::span<const P> params() const noexcept { return params_.span(); }
   std::span<T> grads() noexcept { return grads_.span(); }
   std::span<const T> grads() const noexcept { return grads_.span(); }
-  const loom::nn::param_layout& layout() const noexcept { return layout_; }
+  const loom::nn::param_layout& layout() const noexcept { return layers_.layout; }
   /// Elements of the flat parameter / gradient buffers (layout size padded to pad_to).
   std::size_t size() const noexcept { return size_; }
-  const tp::shard_list& shards() const noexcept { return shards_; }
+  const tp::shard_list& shards() const noexcept { return layers_.shards; }
   void zero_grad() { loom::ops::fill(loom::host{}, grads_.view(), T(0)); }
   /// ZeRO-3 / ZeRO-2: drop the full parameter / gradient buffer between steps, and bring it
   /// back (uninitialised) before the next one.
@@ -186,21 +230,36 @@ class stage_model {
   std::size_t full_offset(const std::string& name) const { return full_offset_.at(name); }
   /// Activation slots allocated so far (the peak number of micro-batches in flight).
   std::size_t slots() const noexcept { return pool_.size(); }
+  /// Whether micro-batch mb holds a slot (between its forward and its release).
+  bool in_flight(int mb) const { return live_.count(mb) != 0; }
+
+  /// Keep only each block's input and recompute its activations right before its backward
+  /// (one activation set per micro-batch instead of one per layer). Only between steps:
+  /// with no micro-batch in flight.
+  void set_checkpointing(bool on) {
+    if (on == checkpoint_) return;
+    LOOM_CHECK(live_.empty(), "llama3d::set_checkpointing: ", live_.size(), " micro-batches are in flight");
+    checkpoint_ = on;
+    pool_.clear(), free_.clear();
+  }
+  bool checkpointing() const noexcept { return checkpoint_; }
 
   /// Tied embeddings over pp > 1: this rank's copy of tok_embeddings.weight that must stay
   /// equal to the other end's (nullopt when there is none).
   std::optional<loom::nn::param_slot<2>> tied_copy() const {
     if (!cfg_.tied_output || stages_ == 1 || !(first_stage() || last_stage())) return std::nullopt;
-    return first_stage() ? tok_embeddings_.weight() : output_.local().weight();
+    return first_stage() ? layers_.tok_embeddings.weight() : layers_.output.local().weight();
   }
 
-  /// llama::model::init restricted to the elements held here.
+  /// Weights ~ N(0, std), the two residual projections (wo, w2) N(0, std / sqrt(2 L)), norm
+  /// weights 1; element i of the full flat buffer depends on (seed, i) only, so every mesh
+  /// initialises the same model.
   void init(std::uint64_t seed, float std = 0.02f) {
     const loom::counter_rng rng(seed);
     auto p = params();
     std::fill(p.begin(), p.end(), P(0.f));
     const float resid_std = std / std::sqrt(2.f * float(cfg_.n_layers));
-    for (const auto& s : shards_) {
+    for (const auto& s : layers_.shards) {
       const bool norm = ends_with(s.name, "norm.weight");
       const bool resid = ends_with(s.name, "attention.wo.weight") || ends_with(s.name, "feed_forward.w2.weight");
       const std::size_t fo = full_offset(s.name);
@@ -227,55 +286,59 @@ class stage_model {
   }
   std::span<T> output_grad(int mb) { return at(mb).dout.span(); }
   std::span<T> input_grad(int mb) { return at(mb).din.span(); }
+  /// Last stage: [n, vocab/tp] logits of mb's last forward (this rank's vocabulary columns).
+  view2<const T> logits(int mb) {
+    LOOM_CHECK(last_stage(), "llama3d::logits: only the last pipeline stage has logits (this is stage ", stage_, ")");
+    slot& s = at(mb);
+    return s.logits.view(s.batch * s.seq, layers_.output.local_out_features());
+  }
 
-  /// Runs this stage for micro-batch mb; the last stage returns its mean loss.
+  /// Runs this stage for micro-batch mb; the last stage returns its mean loss over targets
+  /// != -100 and keeps the logits' gradient for backward.
   T forward(int mb, loom::tensor_view<const std::int32_t, loom::host, 2> tokens,
             loom::tensor_view<const std::int32_t, loom::host, 2> targets) {
-    const index_t b = tokens.extent(0), s = tokens.extent(1), n = b * s, d = cfg_.dim;
-    LOOM_CHECK(b > 0 && s > 0 && s <= cfg_.seq_len, "llama3d::forward: batch [", b, ", ", s, "] (seq_len=", cfg_.seq_len, ")");
-    LOOM_CHECK(targets.shape() == tokens.shape() && tokens.is_contiguous() && targets.is_contiguous(),
-               "llama3d::forward: tokens and targets must be contiguous [batch, seq] of the same shape");
-    slot& sl = acquire(mb, b, s);
-    std::copy_n(tokens.data(), n, sl.tokens.data());
+    LOOM_CHECK(targets.shape() == tokens.shape() && targets.is_contiguous(), "llama3d::forward: targets are [",
+               targets.extent(0), ", ", targets.extent(1), "], tokens are [", tokens.extent(0), ", ", tokens.extent(1),
+               "] (both contiguous)");
+    slot& sl = run_forward(mb, tokens);
+    const index_t n = sl.batch * sl.seq;
     std::copy_n(targets.data(), n, sl.targets.data());
-    std::span<P> p = params();
-    if (first_stage()) tok_embeddings_.forward(*tp_, p, ids(sl.tokens, n), resid(sl, 0));
-    for (index_t l = 0; l < range_.layers(); ++l) run_block(sl, l);
+    sl.has_targets = true;
     if (!last_stage()) return T(0);
-    norm_.forward(p, resid(sl, range_.layers()), sl.xf.view(n, d), sl.rstdf.view());
-    ws_.reset();
-    output_.forward(*tp_, p, sl.xf.view(n, d), logits(sl), ws_);
-    return sl.loss->forward(*tp_, view2<const T>(logits(sl)), ids(sl.targets, n));
+    return sl.loss->forward_backward(*tp_, view2<const T>(logits_of(sl)), ids(sl.targets, n),
+                                     sl.dlogits.view(n, layers_.output.local_out_features()));
   }
+  /// Logits only (no loss; backward is not available for mb after this).
+  void forward(int mb, loom::tensor_view<const std::int32_t, loom::host, 2> tokens) { run_forward(mb, tokens); }
 
   /// Adds d(dloss * loss)/d(params) for mb; fills input_grad(mb) on non-first stages.
   void backward(int mb, T dloss = T(1)) {
     slot& sl = at(mb);
+    LOOM_CHECK(sl.has_targets, "llama3d::backward: micro-batch ", mb,
+               " ran forward without targets: call forward(tokens, targets) first");
     const index_t n = sl.batch * sl.seq, d = cfg_.dim;
     std::span<P> p = params();
     std::span<T> g = grads();
-    if (dx_a_.size() != nd_(n, d)) dx_a_ = loom::buffer<T>(nd_(n, d), *mr_), dx_b_ = loom::buffer<T>(nd_(n, d), *mr_);
-    loom::buffer<T>*dcur = &dx_a_, *dnext = &dx_b_;
+    if (dresid_.size() != nd_(n, d)) dresid_ = loom::buffer<T>(nd_(n, d), *mr_);
+    auto dr = dresid_.view(n, d);
     if (last_stage()) {
       ws_.reset();
-      auto dlogits = ws_.take_zeroed(static_cast<std::size_t>(n * output_.local_out_features()));
-      auto dl = loom::make_view(dlogits.data(), n, output_.local_out_features());
-      sl.loss->backward(view2<const T>(logits(sl)), ids(sl.targets, n), dl, dloss);
-      auto dxf = ws_.take_zeroed(static_cast<std::size_t>(n * d));
-      output_.backward(*tp_, p, g, sl.xf.view(n, d), view2<const T>(dl), loom::make_view(dxf.data(), n, d), ws_);
-      std::fill(dcur->begin(), dcur->end(), T(0));
-      norm_.backward(p, g, loom::make_view(static_cast<const T*>(dxf.data()), n, d), resid(sl, range_.layers()), sl.rstdf.view(),
-                     dcur->view(n, d));
+      auto dxf = ws_.take(nd_(n, d));  // the logits' gradient (made by forward) is d(loss)/d(logits): dloss is the GEMMs' alpha
+      layers_.output.backward(*tp_, p, g, sl.xf.view(n, d), view2<const T>(sl.dlogits.view(n, layers_.output.local_out_features())),
+                              loom::make_view(dxf.data(), n, d), ws_, /*accumulate=*/false, dloss);
+      loom::ops::fill(loom::host{}, dresid_.view(), T(0));
+      layers_.norm.backward(p, g, loom::make_view(static_cast<const T*>(dxf.data()), n, d), resid(sl, range_.layers()),
+                            sl.rstdf.view(), dr);
     } else {
-      std::copy(sl.dout.begin(), sl.dout.end(), dcur->begin());
+      std::copy(sl.dout.begin(), sl.dout.end(), dresid_.begin());
     }
     for (index_t l = range_.layers(); l-- > 0;) {
+      block_acts& a = sl.acts.for_backward(l, [&](block_acts& s) { run_block(sl, l, s); });
       ws_.reset();
-      block_backward(sl, l, *dcur, *dnext);
-      std::swap(dcur, dnext);
+      block_backward(sl, l, a);
     }
-    if (first_stage()) tok_embeddings_.backward(g, ids(sl.tokens, n), view2<const T>(dcur->view(n, d)));
-    else std::copy(dcur->begin(), dcur->end(), sl.din.begin());
+    if (first_stage()) layers_.tok_embeddings.backward(g, ids(sl.tokens, n), view2<const T>(dr));
+    else std::copy(dresid_.begin(), dresid_.end(), sl.din.begin());
   }
 
   /// mb's activations are no longer needed (after its backward, and after input_grad was sent).
@@ -293,46 +356,29 @@ class stage_model {
   static std::size_t nd_(index_t n, index_t d) { return static_cast<std::size_t>(n * d); }
   std::size_t nd(index_t b, index_t s) const { return nd_(b * s, cfg_.dim); }
 
-  loom::nn::param_layout declare() {
-    loom::nn::param_layout L;
-    const llama::config& c = cfg_;
-    const T eps = T(c.norm_eps);
-    auto* sh = &shards_;
-    auto replicated = [&](const std::string& name, const loom::nn::param_slot<1>& s) {
-      tp::record(sh, name, s, s.shape[0], 1, 0, 0, t_.rank);
-    };
-    if (first_stage()) tok_embeddings_ = tp::vocab_parallel_embedding<T>(L, "tok_embeddings", c.vocab, c.dim, t_, sh);
-    const loom::nn::attention_config ac{c.dim, c.n_heads, c.n_kv_heads, c.seq_len, c.rope_theta, c.rope, {}, false};
-    for (index_t l = range_.first; l < range_.last; ++l) {
-      const std::string pre = "layers." + std::to_string(l) + ".";
-      block b;
-      b.attention_norm = loom::nn::rmsnorm<T>(L, pre + "attention_norm", c.dim, eps);
-      replicated(pre + "attention_norm.weight", b.attention_norm.weight());
-      b.attention = tp::parallel_attention<T>(L, pre + "attention", ac, t_, sh);
-      b.ffn_norm = loom::nn::rmsnorm<T>(L, pre + "ffn_norm", c.dim, eps);
-      replicated(pre + "ffn_norm.weight", b.ffn_norm.weight());
-      b.feed_forward = tp::parallel_swiglu_mlp<T>(L, pre + "feed_forward", c.dim, c.hidden_dim, t_, sh);
-      blocks_.push_back(std::move(b));
-    }
+  slot& run_forward(int mb, loom::tensor_view<const std::int32_t, loom::host, 2> tokens) {
+    const index_t b = tokens.extent(0), s = tokens.extent(1), n = b * s, d = cfg_.dim;
+    LOOM_CHECK(b > 0 && s > 0, "llama3d::forward: empty batch [", b, ", ", s, "]");
+    LOOM_CHECK(s <= cfg_.seq_len, "llama3d::forward: sequence length ", s, " exceeds config seq_len=", cfg_.seq_len);
+    LOOM_CHECK(tokens.is_contiguous(), "llama3d::forward: tokens must be contiguous");
+    slot& sl = acquire(mb, b, s);
+    sl.has_targets = false;
+    std::copy_n(tokens.data(), n, sl.tokens.data());
+    std::span<P> p = params();
+    if (first_stage()) layers_.tok_embeddings.forward(*tp_, p, ids(sl.tokens, n), resid(sl, 0));
+    for (index_t l = 0; l < range_.layers(); ++l) run_block(sl, l, sl.acts.for_forward(l));
     if (last_stage()) {
-      norm_ = loom::nn::rmsnorm<T>(L, "norm", c.dim, eps);
-      replicated("norm.weight", norm_.weight());
-      if (!c.tied_output) {
-        output_ = tp::column_parallel_linear<T>(L, "output", c.dim, c.vocab, t_, sh);
-      } else if (first_stage()) {
-        output_ = tp::column_parallel_linear<T>(tok_embeddings_.weight(), tok_embeddings_.first_token());
-      } else {  // the last stage's copy of its tok_embeddings shard
-        output_ = tp::column_parallel_linear<T>(L, "tok_embeddings", c.dim, c.vocab, t_, nullptr);
-        tp::record(sh, "tok_embeddings.weight", output_.local().weight(), c.vocab, c.dim, output_.first_output(), 0, 1);
-      }
+      layers_.norm.forward(p, resid(sl, range_.layers()), sl.xf.view(n, d), sl.rstdf.view());
+      ws_.reset();
+      layers_.output.forward(*tp_, p, sl.xf.view(n, d), logits_of(sl), ws_);
     }
-    return L;
+    return sl;
   }
 
   template <class E, class F>
   void store(std::span<const E> local, std::span<F> full) const {
     tp::shard_list canon;
-    for (const auto& s : shards_)
+    for (const auto& s : layers_.shards)
       if (s.replica == 0) canon.push_back(s);
     tp::store_shards(canon, local, full, [&](const std::string& n) { return full_offset(n); });
   }
@@ -361,20 +407,24 @@ class stage_model {
   void make_slot(slot& sl, index_t b, index_t s) {
     auto& mr = *mr_;
     const index_t n = b * s, d = cfg_.dim;
+    const auto& blk = layers_.blocks.front();
     sl = slot{};
     sl.batch = b, sl.seq = s;
     sl.tokens = loom::buffer<std::int32_t>(n, mr);
     sl.targets = loom::buffer<std::int32_t>(n, mr);
     sl.resid = loom::buffer<T>(static_cast<std::size_t>(range_.layers() + 1) * nd_(n, d), mr);
-    for (index_t l = 0; l < range_.layers(); ++l)
-      sl.acts.push_back(block_acts{loom::buffer<T>(n * d, mr), loom::buffer<T>(n, mr), blocks_[0].attention.make_activations(b, s, mr),
-                                   loom::buffer<T>(n * d, mr), loom::buffer<T>(n * d, mr), loom::buffer<T>(n, mr),
-                                   blocks_[0].feed_forward.make_activations(n, mr)});
+    sl.acts = loom::nn::block_activations<block_acts>(range_.layers(), checkpoint_, [&] {
+      return block_acts{loom::buffer<T>(n * d, mr), loom::buffer<T>(n, mr), blk.attention.make_activations(b, s, mr),
+                        loom::buffer<T>(n * d, mr), loom::buffer<T>(n * d, mr), loom::buffer<T>(n, mr),
+                        blk.feed_forward.make_activations(n, mr)};
+    });
     if (last_stage()) {
+      const index_t vl = layers_.output.local_out_features();
       sl.xf = loom::buffer<T>(n * d, mr);
       sl.rstdf = loom::buffer<T>(n, mr);
-      sl.logits = loom::buffer<T>(n * output_.local_out_features(), mr);
-      sl.loss = std::make_unique<tp::vocab_parallel_cross_entropy<T>>(cfg_.vocab, output_.first_output(),
+      sl.logits = loom::buffer<T>(n * vl, mr);
+      sl.dlogits = loom::buffer<T>(n * vl, mr);
+      sl.loss = std::make_unique<tp::vocab_parallel_cross_entropy<T>>(cfg_.vocab, layers_.output.first_output(),
                                                                        loom::ops::cross_entropy_options{}, mr);
     } else {
       sl.dout = loom::buffer<T>(n * d, mr);
@@ -382,10 +432,10 @@ class stage_model {
     if (!first_stage()) sl.din = loom::buffer<T>(n * d, mr);
   }
 
-  void run_block(slot& sl, index_t l) {
+  /// Block l of this stage: resid(l) -> resid(l + 1), filling its activations a.
+  void run_block(slot& sl, index_t l, block_acts& a) {
     const index_t n = sl.batch * sl.seq, d = cfg_.dim;
-    const block& blk = blocks_[static_cast<std::size_t>(l)];
-    block_acts& a = sl.acts[static_cast<std::size_t>(l)];
+    const auto& blk = layers_.blocks[static_cast<std::size_t>(l)];
     std::span<P> p = params();
     ws_.reset();
     auto x = resid(sl, l), out = resid(sl, l + 1);
@@ -397,56 +447,54 @@ class stage_model {
     add(out.data(), a.h.data(), n * d);
   }
 
-  void block_backward(slot& sl, index_t l, loom::buffer<T>& dout, loom::buffer<T>& dx) {
+  /// dresid_ holds dL/d(resid(l + 1)) on entry and dL/d(resid(l)) on return, updated in place;
+  /// parameter gradients added.
+  void block_backward(slot& sl, index_t l, block_acts& a) {
     const index_t n = sl.batch * sl.seq, d = cfg_.dim, b = sl.batch, s = sl.seq;
-    const block& blk = blocks_[static_cast<std::size_t>(l)];
-    block_acts& a = sl.acts[static_cast<std::size_t>(l)];
+    const auto& blk = layers_.blocks[static_cast<std::size_t>(l)];
     std::span<P> p = params();
     std::span<T> g = grads();
-    std::copy(dout.begin(), dout.end(), dx.begin());
-    auto dxn2 = ws_.take_zeroed(nd_(n, d));
-    blk.feed_forward.backward(*tp_, p, g, a.xn2.view(n, d), a.mlp, dout.view(n, d), loom::make_view(dxn2.data(), n, d), ws_);
-    blk.ffn_norm.backward(p, g, loom::make_view(static_cast<const T*>(dxn2.data()), n, d), a.h.view(n, d), a.rstd2.view(), dx.view(n, d));
-    auto dh = ws_.take(nd_(n, d));
-    std::copy(dx.begin(), dx.end(), dh.begin());
-    auto dxn1 = ws_.take_zeroed(nd_(n, d));
-    blk.attention.backward(*tp_, p, g, a.xn1.view(b, s, d), a.attn, loom::make_view(static_cast<const T*>(dh.data()), b, s, d),
-                           loom::make_view(dxn1.data(), b, s, d), ws_);
-    blk.attention_norm.backward(p, g, loom::make_view(static_cast<const T*>(dxn1.data()), n, d), resid(sl, l), a.rstd1.view(),
-                                dx.view(n, d));
+    auto dr = dresid_.view(n, d);
+    // out = h + mlp(ffn_norm(h)):  dh = dout + ffn_norm'(mlp'(dout))
+    auto dxn2 = ws_.take(nd_(n, d));  // written by the branch's backward, not added into
+    blk.feed_forward.backward(*tp_, p, g, a.xn2.view(n, d), a.mlp, dr, loom::make_view(dxn2.data(), n, d), ws_, false);
+    blk.ffn_norm.backward(p, g, loom::make_view(static_cast<const T*>(dxn2.data()), n, d), a.h.view(n, d), a.rstd2.view(), dr);
+    // h = x + attention(attention_norm(x)):  dx = dh + attention_norm'(attention'(dh))
+    auto dxn1 = ws_.take(nd_(n, d));
+    blk.attention.backward(*tp_, p, g, a.xn1.view(b, s, d), a.attn, dresid_.view(b, s, d),
+                           loom::make_view(dxn1.data(), b, s, d), ws_, false);
+    blk.attention_norm.backward(p, g, loom::make_view(static_cast<const T*>(dxn1.data()), n, d), resid(sl, l),
+                                a.rstd1.view(), dr);
   }
 
   static void add(T* LOOM_RESTRICT y, const T* LOOM_RESTRICT x, index_t n) {
-    LOOM_SIMD
-    for (index_t i = 0; i < n; ++i) y[i] += x[i];
+    loom::ops::detail::parallel_rows(n, loom::ops::detail::min_part_elements, [&](index_t i0, index_t i1) {
+      LOOM_SIMD
+      for (index_t i = i0; i < i1; ++i) y[i] += x[i];
+    });
   }
   view2<T> resid(slot& sl, index_t l) {
     const index_t n = sl.batch * sl.seq;
     return loom::make_view(sl.resid.data() + l * n * cfg_.dim, n, cfg_.dim);
   }
-  view2<T> logits(slot& sl) { return sl.logits.view(sl.batch * sl.seq, output_.local_out_features()); }
+  view2<T> logits_of(slot& sl) { return sl.logits.view(sl.batch * sl.seq, layers_.output.local_out_features()); }
   static loom::tensor_view<const std::int32_t, loom::host, 1> ids(const loom::buffer<std::int32_t>& b, index_t n) {
     return loom::make_view(b.data(), n);
   }
 
   llama::config cfg_;
   C* tp_;
-  tp::tp_rank t_;
   int stage_, stages_;
   stage_range range_;
   loom::memory_resource* mr_;
-  tp::shard_list shards_;
-  tp::vocab_parallel_embedding<T> tok_embeddings_;
-  std::vector<block> blocks_;
-  loom::nn::rmsnorm<T> norm_;
-  tp::column_parallel_linear<T> output_;
-  loom::nn::param_layout layout_;
+  stage_layers<T> layers_;
   std::size_t size_;
   loom::buffer<P> params_;
   loom::buffer<T> grads_;
   std::map<std::string, std::size_t> full_offset_;
   loom::nn::workspace<T> ws_;
-  loom::buffer<T> dx_a_, dx_b_;
+  loom::buffer<T> dresid_;  // backward: the gradient of the residual stream, from the top block down
+  bool checkpoint_ = false;
   std::vector<slot> pool_;
   std::vector<std::size_t> free_;
   std::map<int, std::size_t> live_;

@@ -3,9 +3,15 @@
 //   swiglu_mlp (LLaMA):  y = W2 (silu(W1 x) * W3 x)    `<name>.w1/w2/w3.weight`
 //   gelu_mlp   (GPT):    y = Wp gelu(Wf x + bf) + bp   `<name>.fc/proj.weight|bias`
 // The hidden activations backward needs are in the caller-owned `activations`.
+// swiglu_mlp runs on any tensor-parallel size (the hidden units split, Megatron-LM's
+// column- then row-parallel pair: one all-reduce in forward, one in backward); on one rank,
+// with a comm::self_comm or the overloads without a communicator, those are no-ops.
 
+#include <loom/comm/communicator.hpp>
+#include <loom/comm/self_comm.hpp>
 #include <loom/core/buffer.hpp>
 #include <loom/nn/linear.hpp>
+#include <loom/nn/tp/shard.hpp>
 #include <loom/nn/workspace.hpp>
 #include <loom/ops/host/activation.hpp>
 
@@ -18,15 +24,28 @@ class swiglu_mlp {
  public:
   struct activations {
     index_t rows = 0;
-    buffer<T> gate, up, hidden;  // [rows, hidden_dim]: W1 x, W3 x, silu(W1 x) * W3 x
+    buffer<T> gate, up, hidden;  // [rows, hidden_dim]: W1 x, W3 x, silu(W1 x) * W3 x (local hidden units)
   };
 
   swiglu_mlp() = default;
-  swiglu_mlp(param_layout& layout, const std::string& name, index_t dim, index_t hidden_dim)
-      : w1_(layout, name + ".w1", dim, hidden_dim), w2_(layout, name + ".w2", hidden_dim, dim),
-        w3_(layout, name + ".w3", dim, hidden_dim) {}
+  /// This rank's part of the MLP: t is its place in the tensor group ({0, 1}: the whole
+  /// MLP); the hidden units are split (W1, W3 column-parallel: rows [r F/tp, (r+1) F/tp);
+  /// W2 row-parallel: the same columns); shards, when given, records each local rectangle.
+  swiglu_mlp(param_layout& layout, const std::string& name, index_t dim, index_t hidden_dim, tp::tp_rank t = {},
+             tp::shard_list* shards = nullptr) {
+    t.validate();
+    const index_t f = tp::split_even(hidden_dim, t.size, (name + " hidden_dim").c_str()), f0 = f * t.rank;
+    w1_ = linear<T>(layout, name + ".w1", dim, f);
+    w2_ = linear<T>(layout, name + ".w2", f, dim);
+    w3_ = linear<T>(layout, name + ".w3", dim, f);
+    tp_size_ = t.size;
+    tp::record(shards, name + ".w1.weight", w1_.weight(), hidden_dim, dim, f0, 0);
+    tp::record(shards, name + ".w2.weight", w2_.weight(), dim, hidden_dim, 0, f0);
+    tp::record(shards, name + ".w3.weight", w3_.weight(), hidden_dim, dim, f0, 0);
+  }
 
   index_t dim() const noexcept { return w1_.in_features(); }
+  /// Hidden units on this rank (hidden_dim / tp).
   index_t hidden_dim() const noexcept { return w1_.out_features(); }
 
   activations make_activations(index_t rows, memory_resource& mr = default_resource<host>()) const {
@@ -34,36 +53,58 @@ class swiglu_mlp {
     return {rows, buffer<T>(n, mr), buffer<T>(n, mr), buffer<T>(n, mr)};
   }
 
-  /// y [rows, dim] = mlp(x [rows, dim]); y is overwritten.
-  template <ops::param_type P>
-  void forward(std::span<P> params, in_view<T, 2> x, activations& a, tensor_view<T, host, 2> y, workspace<T>& ws) const {
-    const index_t n = rows(x, a), f = hidden_dim();
+  /// y [rows, dim] = mlp(x [rows, dim]) summed over the tensor group tp; y is overwritten.
+  template <comm::communicator C, ops::param_type P>
+  void forward(C& tp, std::span<P> params, in_view<T, 2> x, activations& a, tensor_view<T, host, 2> y,
+               workspace<T>& ws) const {
+    const index_t n = rows(tp, x, a), f = hidden_dim();
     linear<T>::forward_all(params, x, {{&w1_, a.gate.view(n, f)}, {&w3_, a.up.view(n, f)}}, ws);
     ops::swiglu_forward(host{}, a.gate.view(), a.up.view(), a.hidden.view());
     w2_.forward(params, a.hidden.view(n, f), y, ws);
+    tp::reduce_from_tensor_parallel_forward(tp, std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
+  }
+  /// The whole MLP on one rank.
+  template <ops::param_type P>
+  void forward(std::span<P> params, in_view<T, 2> x, activations& a, tensor_view<T, host, 2> y, workspace<T>& ws) const {
+    comm::self_comm self;
+    forward(self, params, x, a, y, ws);
   }
 
-  /// dx += d/dx (dx = d/dx when !accumulate); parameter gradients added into `grads`.
-  template <ops::param_type P>
-  void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
+  /// dx += d/dx summed over the group (dx = d/dx when !accumulate); this rank's parameter
+  /// gradients added into `grads`.
+  template <comm::communicator C, ops::param_type P>
+  void backward(C& tp, std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
                 tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true) const {
-    const index_t n = rows(x, a), f = hidden_dim();
+    const index_t n = rows(tp, x, a), f = hidden_dim();
     auto dh = ws.take(n * f), dg = ws.take(n * f), du = ws.take(n * f);  // written, not added into
     w2_.backward(params, grads, make_view(a.hidden.data(), n, f), dy, make_view(dh.data(), n, f), ws, /*accumulate=*/false);
     ops::swiglu_backward(host{}, make_view(dh.data(), n * f), a.gate.view(), a.up.view(), make_view(dg.data(), n * f),
                          make_view(du.data(), n * f), /*accumulate=*/false);
+    const auto target = tp::input_grad_target(tp, dx, ws);
     linear<T>::backward_all(params, grads, x,
-                            {{&w1_, make_view(as_const(dg).data(), n, f)}, {&w3_, make_view(as_const(du).data(), n, f)}}, dx,
-                            ws, accumulate);
+                            {{&w1_, make_view(as_const(dg).data(), n, f)}, {&w3_, make_view(as_const(du).data(), n, f)}},
+                            target, ws, tp::input_grad_accumulates(tp, accumulate));
+    tp::finish_input_grad(tp, target, dx, accumulate);
+  }
+  /// The whole MLP on one rank.
+  template <ops::param_type P>
+  void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
+                tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true) const {
+    comm::self_comm self;
+    backward(self, params, grads, x, a, dy, dx, ws, accumulate);
   }
 
  private:
-  index_t rows(const in_view<T, 2>& x, const activations& a) const {
+  template <comm::communicator C>
+  index_t rows(const C& tp, const in_view<T, 2>& x, const activations& a) const {
+    LOOM_CHECK(tp.size() == tp_size_, "nn::swiglu_mlp: built for tensor-parallel size ", tp_size_, ", called on a group of ",
+               tp.size());
     LOOM_CHECK(x.extent(0) == a.rows, "nn::swiglu_mlp: input has ", x.extent(0), " rows, activations were made for ",
                a.rows);
     return a.rows;
   }
   linear<T> w1_, w2_, w3_;
+  int tp_size_ = 1;
 };
 
 template <compute_type T>

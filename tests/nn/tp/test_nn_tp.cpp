@@ -8,11 +8,11 @@
 #include <loom/nn/embedding.hpp>
 #include <loom/nn/linear.hpp>
 #include <loom/nn/mlp.hpp>
-#include <loom/nn/tp/attention.hpp>
+#include <loom/nn/attention.hpp>
 #include <loom/nn/tp/cross_entropy.hpp>
 #include <loom/nn/tp/embedding.hpp>
 #include <loom/nn/tp/linear.hpp>
-#include <loom/nn/tp/mlp.hpp>
+#include <loom/nn/mlp.hpp>
 
 #include <doctest/doctest.h>
 
@@ -239,7 +239,7 @@ TEST_CASE("parallel attention equals nn::attention, GQA heads split or replicate
                    cview(dy.data(), b, s, d), loom::make_view(dx.data(), b, s, d), ws);
       check_all(on_ranks(t, [&](thread_comm& c, int r) {
         rank_model m;
-        tp::parallel_attention<T> pa(m.layout, "attn", ac, {r, t}, &m.shards);
+        loom::nn::attention<T> pa(m.layout, "attn", ac, {r, t}, &m.shards);
         m.load(f);
         loom::nn::workspace<T> w;
         auto a = pa.make_activations(b, s);
@@ -257,13 +257,13 @@ TEST_CASE("parallel attention equals nn::attention, GQA heads split or replicate
   }
   rank_model m;
   const loom::nn::attention_config bad{24, 6, 6, 8, 10000.0, loom::ops::rope_style::interleaved, {}, false};
-  CHECK_THROWS_WITH_AS(tp::parallel_attention<T>(m.layout, "attn", bad, {0, 4}),
+  CHECK_THROWS_WITH_AS(loom::nn::attention<T>(m.layout, "attn", bad, {0, 4}),
                        doctest::Contains("n_heads (6) must be divisible by the tensor-parallel size tp=4"), loom::error);
   const loom::nn::attention_config gqa{32, 8, 2, 8, 10000.0, loom::ops::rope_style::interleaved, {}, false};
-  CHECK_NOTHROW(tp::parallel_attention<T>(m.layout, "ok", gqa, {0, 4}));
+  CHECK_NOTHROW(loom::nn::attention<T>(m.layout, "ok", gqa, {0, 4}));
   const loom::nn::attention_config odd{48, 12, 3, 8, 10000.0, loom::ops::rope_style::interleaved, {}, false};
   rank_model m2;
-  CHECK_THROWS_WITH_AS(tp::parallel_attention<T>(m2.layout, "attn", odd, {0, 4}),
+  CHECK_THROWS_WITH_AS(loom::nn::attention<T>(m2.layout, "attn", odd, {0, 4}),
                        doctest::Contains("n_kv_heads (3) < tp=4 must divide tp"), loom::error);
 }
 
@@ -283,7 +283,7 @@ TEST_CASE("parallel SwiGLU MLP equals nn::swiglu_mlp") {
                  cview(dy.data(), n, d), loom::make_view(dx.data(), n, d), ws);
     check_all(on_ranks(t, [&](thread_comm& c, int r) {
       rank_model m;
-      tp::parallel_swiglu_mlp<T> pm(m.layout, "ff", d, hid, {r, t}, &m.shards);
+      loom::nn::swiglu_mlp<T> pm(m.layout, "ff", d, hid, {r, t}, &m.shards);
       m.load(f);
       loom::nn::workspace<T> w;
       auto a = pm.make_activations(n);
@@ -295,7 +295,7 @@ TEST_CASE("parallel SwiGLU MLP equals nn::swiglu_mlp") {
     }), 1e-12);
   }
   rank_model m;
-  CHECK_THROWS_WITH_AS(tp::parallel_swiglu_mlp<T>(m.layout, "ff", 8, 10, {1, 4}),
+  CHECK_THROWS_WITH_AS(loom::nn::swiglu_mlp<T>(m.layout, "ff", 8, 10, {1, 4}),
                        doctest::Contains("ff hidden_dim (10) must be divisible by the tensor-parallel size tp=4"),
                        loom::error);
 }

@@ -71,6 +71,27 @@ class vocab_parallel_cross_entropy {
     return count_ ? T(loss / double(count_)) : T(0);
   }
 
+  /// forward, and dlogits_local = d(mean loss)/dlogits_local (dloss = 1) for the same logits.
+  /// On one rank holding the whole vocabulary this is ops::cross_entropy_forward_backward: the
+  /// gradient is made row by row while the row is in cache (one exp per logit, not two).
+  template <comm::communicator C, class Tgt>
+  T forward_backward(C& tp, in_view<T, 2> logits_local, tensor_view<Tgt, host, 1> targets,
+                     tensor_view<T, host, 2> dlogits_local) {
+    const index_t n = logits_local.extent(0), vl = logits_local.extent(1);
+    if (tp.size() == 1 && first_ == 0 && vl == vocab_) {
+      if (lse_.size() < static_cast<std::size_t>(n)) lse_ = buffer<T>(n, *mr_), red_ = buffer<T>(2 * n, *mr_);
+      count_ = ops::detail::count_targets(targets, vocab_, opt_.ignore_index, "nn::tp::vocab_parallel_cross_entropy");
+      rows_ = n;
+      return ops::cross_entropy_forward_backward(host{}, logits_local, targets, make_view(lse_.data(), n), dlogits_local,
+                                                 opt_);
+    }
+    const T loss = forward(tp, logits_local, targets);
+    ops::detail::require_contiguous(dlogits_local, "nn::tp::vocab_parallel_cross_entropy::forward_backward", "dlogits_local");
+    std::fill_n(dlogits_local.data(), dlogits_local.numel(), T(0));
+    backward(logits_local, targets, dlogits_local);
+    return loss;
+  }
+
   /// dlogits_local += dloss * d(mean loss)/dlogits_local for the logits of the last forward.
   template <class Tgt>
   void backward(in_view<T, 2> logits_local, tensor_view<Tgt, host, 1> targets, tensor_view<T, host, 2> dlogits_local,

@@ -9,6 +9,7 @@
 #include <loom/nn/parameters.hpp>
 #include <loom/nn/tp/shard.hpp>
 #include <loom/ops/host/common.hpp>
+#include <loom/ops/host/embedding.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -43,6 +44,7 @@ class vocab_parallel_embedding {
                "nn::tp::vocab_parallel_embedding: out has shape ", ops::detail::str(out.shape()), ", expected [",
                tokens.extent(0), ", ", dim(), "] contiguous");
     auto w = weight_.in(as_const(params));
+    if (tp.size() == 1) return ops::embedding_forward(host{}, tokens, w, out);  // the whole table here
     for (index_t i = 0; i < tokens.extent(0); ++i) {
       const auto id = static_cast<std::int64_t>(tokens(i));
       LOOM_CHECK(id >= 0 && id < vocab_, "nn::tp::vocab_parallel_embedding: token id ", id, " at position ", i,

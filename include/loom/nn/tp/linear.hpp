@@ -47,15 +47,15 @@ class column_parallel_linear {
   void forward(C&, std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y_local, workspace<T>& ws) const {
     local_.forward(params, x, y_local, ws);
   }
-  /// dW_r += dy_local^T x; dx += sum over ranks of dy_local W_r (f's all-reduce).
+  /// dW_r += dy_scale dy_local^T x; dx += sum over ranks of dy_scale dy_local W_r (f's
+  /// all-reduce; dx = ... when !accumulate; an empty dx is not computed).
   template <comm::communicator C, ops::param_type P>
   void backward(C& tp, std::span<P> params, std::span<T> grads, in_view<T, 2> x, in_view<T, 2> dy_local,
-                tensor_view<T, host, 2> dx, workspace<T>& ws) const {
-    if (dx.empty()) return local_.backward(params, grads, x, dy_local, dx, ws);
-    auto part = ws.take_zeroed(static_cast<std::size_t>(x.numel()));
-    local_.backward(params, grads, x, dy_local, make_view(part.data(), x.extent(0), x.extent(1)), ws);
-    copy_to_tensor_parallel_backward(tp, part.subspan(0, static_cast<std::size_t>(x.numel())));
-    add_into(dx, std::span<const T>(part.data(), static_cast<std::size_t>(x.numel())));
+                tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true, T dy_scale = T(1)) const {
+    if (dx.empty()) return local_.backward(params, grads, x, dy_local, dx, ws, accumulate, dy_scale);
+    const auto target = input_grad_target(tp, dx, ws);
+    local_.backward(params, grads, x, dy_local, target, ws, input_grad_accumulates(tp, accumulate), dy_scale);
+    finish_input_grad(tp, target, dx, accumulate);
   }
 
  private:

@@ -20,6 +20,7 @@
 #include <loom/core/error.hpp>
 #include <loom/core/tensor_view.hpp>
 #include <loom/nn/parameters.hpp>
+#include <loom/nn/workspace.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -122,6 +123,33 @@ inline void add_into(tensor_view<T, host, 2> dst, std::span<const T> src) {
   const index_t cols = dst.extent(1);
   for (index_t r = 0; r < dst.extent(0); ++r)
     for (index_t c = 0; c < cols; ++c) dst(r, c) += src[static_cast<std::size_t>(r * cols + c)];
+}
+
+/// Where a layer's backward writes its input gradient: on one rank straight into dx; on
+/// several into a part taken from ws, which finish_input_grad sums over the group and then
+/// adds (or writes) into dx. So a one-rank layer pays nothing for being tensor-parallel.
+template <comm::communicator C, class T>
+inline tensor_view<T, host, 2> input_grad_target(const C& tp, tensor_view<T, host, 2> dx, workspace<T>& ws) {
+  if (tp.size() == 1) return dx;
+  auto part = ws.take(static_cast<std::size_t>(dx.numel()));
+  return make_view(part.data(), dx.extent(0), dx.extent(1));
+}
+/// Whether the layer's own backward should add into input_grad_target's view (only when it
+/// is dx itself and the caller asked to accumulate).
+template <comm::communicator C>
+inline bool input_grad_accumulates(const C& tp, bool accumulate) {
+  return tp.size() == 1 && accumulate;
+}
+/// f in backward: the parts of the group summed, then dx += (or =) the sum. Nothing on one rank.
+template <comm::communicator C, class T>
+inline void finish_input_grad(C& tp, tensor_view<T, host, 2> part, tensor_view<T, host, 2> dx, bool accumulate) {
+  if (part.data() == dx.data()) return;
+  const std::span<T> sum(part.data(), static_cast<std::size_t>(part.numel()));
+  copy_to_tensor_parallel_backward(tp, sum);
+  if (!accumulate)
+    for (index_t r = 0; r < dx.extent(0); ++r)
+      for (index_t c = 0; c < dx.extent(1); ++c) dx(r, c) = T(0);
+  add_into(dx, std::span<const T>(sum));
 }
 
 }  // namespace loom::nn::tp

@@ -5,6 +5,7 @@
 #include <llama/train3d/train3d.hpp>
 
 #include <loom/comm/mesh.hpp>
+#include <loom/comm/self_comm.hpp>
 #include <loom/comm/thread_comm.hpp>
 
 #include <doctest/doctest.h>
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <mutex>
 #include <string>
+#include <map>
 #include <vector>
 
 using loom::index_t;
@@ -41,18 +43,48 @@ double max_diff(std::span<const double> a, std::span<const double> b) {
 
 }  // namespace
 
-TEST_CASE("full_layout is llama::model's layout") {
+TEST_CASE("full_layout is Meta's checkpoint layout, and the stages of a pipeline split partition it") {
   for (bool tied : {false, true}) {
     const auto c = small(tied);
-    llama::model<float> m(c);
-    const auto L = llama3d::full_layout(c);
-    REQUIRE(L.entries().size() == m.layout().entries().size());
-    CHECK(L.size() == m.layout().size());
-    for (std::size_t i = 0; i < L.entries().size(); ++i) {
-      CHECK(L.entries()[i].name == m.layout().entries()[i].name);
-      CHECK(L.entries()[i].offset == m.layout().entries()[i].offset);
-      CHECK(L.entries()[i].shape == m.layout().entries()[i].shape);
+    // the oracle: Meta's names, shapes and order, written out here
+    std::vector<std::pair<std::string, std::vector<index_t>>> want{{"tok_embeddings.weight", {c.vocab, c.dim}}};
+    const index_t hd = c.head_dim();
+    for (index_t l = 0; l < c.n_layers; ++l) {
+      const std::string pre = "layers." + std::to_string(l) + ".";
+      want.push_back({pre + "attention_norm.weight", {c.dim}});
+      want.push_back({pre + "attention.wq.weight", {c.n_heads * hd, c.dim}});
+      want.push_back({pre + "attention.wk.weight", {c.n_kv_heads * hd, c.dim}});
+      want.push_back({pre + "attention.wv.weight", {c.n_kv_heads * hd, c.dim}});
+      want.push_back({pre + "attention.wo.weight", {c.dim, c.n_heads * hd}});
+      want.push_back({pre + "ffn_norm.weight", {c.dim}});
+      want.push_back({pre + "feed_forward.w1.weight", {c.hidden_dim, c.dim}});
+      want.push_back({pre + "feed_forward.w2.weight", {c.dim, c.hidden_dim}});
+      want.push_back({pre + "feed_forward.w3.weight", {c.hidden_dim, c.dim}});
     }
+    want.push_back({"norm.weight", {c.dim}});
+    if (!tied) want.push_back({"output.weight", {c.vocab, c.dim}});
+    const auto L = llama3d::full_layout(c);
+    REQUIRE(L.entries().size() == want.size());
+    std::size_t offset = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const auto& e = L.entries()[i];
+      CAPTURE(want[i].first);
+      CHECK(e.name == want[i].first);
+      CHECK(e.shape == want[i].second);
+      CHECK(e.offset >= offset);  // in order, not overlapping (entries start on aligned offsets)
+      offset = e.offset + e.numel;
+    }
+    llama::model<float> m(c);  // the single-rank model is that layout
+    CHECK(m.layout().size() == L.size());
+    // three pipeline stages hold every entry of the full layout once
+    std::map<std::string, int> seen;
+    loom::comm::self_comm self;
+    for (int st = 0; st < 3; ++st) {
+      llama3d::stage_model<float, float, loom::comm::self_comm> sm(c, self, st, 3);
+      for (const auto& e : sm.layout().entries()) ++seen[e.name];
+    }
+    for (const auto& w : want)  // tied: the last stage holds a copy of the embedding (replica 1)
+      CHECK(seen[w.first] == (tied && w.first == "tok_embeddings.weight" ? 2 : 1));
   }
 }
 
