@@ -31,7 +31,7 @@ const char* usage =
     "usage: llama-train3d [--dp D] [--tp T] [--pp P] [--schedule gpipe|1f1b|interleaved] [--chunks V] [--zero 0|1|2|3]\n"
     "                     [--config ds_config.json] [--steps N] [--micro-batches M] [--batch B] [--seq S]\n"
     "                     [--dim D] [--n-layers L] [--n-heads H] [--n-kv-heads K] [--hidden-dim F] [--vocab V]\n"
-    "                     [--tied] [--lr LR] [--clip C] [--precision fp32|bf16|fp16] [--seed S] [--print-every N]\n"
+    "                     [--tied] [--checkpointing] [--lr LR] [--clip C] [--precision fp32|bf16|fp16] [--seed S] [--print-every N]\n"
     "  Ranks are threads (dp*tp*pp of them), or the processes of `mpirun -np dp*tp*pp`. A config's zero stage, micro batch, gradient\n"
     "  accumulation (= micro-batches per step), precision (fp16: its loss scaler), optimizer, scheduler and clipping win over\n"
     "  the flags. bf16 / fp16 store parameters in that type (fp32 master weights and compute).\n";
@@ -80,6 +80,7 @@ program_options parse(int argc, char** argv) {
     else if (a == "--hidden-dim") o.cfg.hidden_dim = number<loom::index_t>(a, value());
     else if (a == "--vocab") o.cfg.vocab = number<loom::index_t>(a, value());
     else if (a == "--tied") o.cfg.tied_output = true;
+    else if (a == "--checkpointing") o.train.checkpointing = true;
     else if (a == "--lr") o.train.adamw.lr = number<float>(a, value());
     else if (a == "--clip") o.train.gradient_clipping = number<float>(a, value());
     else if (a == "--seed") o.train.seed = number<std::uint64_t>(a, value());
@@ -159,9 +160,7 @@ int main(int argc, char** argv) {
                  "(\"cpu\" and \"none\" are)");
       offload_note = c.zero.offload_optimizer.device == loom::io::offload_device::cpu ||
                      c.zero.offload_param.device == loom::io::offload_device::cpu;
-      if (c.activation_checkpointing.enabled)
-        c.warnings.push_back("activation_checkpointing has no effect here: the 3D trainer keeps each micro-batch's "
-                             "activations until its backward (no recomputation)");
+      o.train.checkpointing = o.train.checkpointing || c.activation_checkpointing.enabled;
       o.precision = c.precision();
       o.train.loss_scaler = examples::make_loss_scaler(c);
       o.train.zero_stage = c.zero.stage;

@@ -65,6 +65,10 @@ struct train_options {
   loom::zero::adamw_config adamw{};
   float gradient_clipping = 0.f;  ///< max global norm; 0: off
   std::uint64_t seed = 1234;
+  /// Activation checkpointing: each micro-batch in flight keeps its block inputs and one
+  /// block's activations, recomputed block by block in backward (ds_config's
+  /// activation_checkpointing.enabled).
+  bool checkpointing = false;
   /// 1 (none: fp32, bfloat16), or ds_config's fp16 section (examples::make_loss_scaler)
   loom::amp::any_loss_scaler loss_scaler{loom::amp::static_loss_scaler(1.f)};
 
@@ -135,6 +139,7 @@ class trainer {
       auto ck = std::make_unique<chunk_state>();
       ck->model = std::make_unique<stage_model<P, T, C>>(cfg, mesh_.tp(), c * p + mesh_.coord().pp, p * v, mr, dp_);
       auto& m = *ck->model;
+      m.set_checkpointing(opt.checkpointing);
       ck->shard = m.size() / dp_;
       ck->state = std::make_unique<loom::zero::optimizer_state>(opt.zero_stage >= 1 ? ck->shard : m.size(),
                                                                 loom::zero::offload_device::none, mr, mr);
