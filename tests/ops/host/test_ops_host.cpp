@@ -620,6 +620,28 @@ TEST_CASE("sgemm kernels (avx512, avx2, blas): every layout, edge sizes, alpha/b
                   wrong += !(std::abs(double(c[at]) - want) <= 1e-5 * scale);  // NaN counts as wrong
                 }
             }
+    // a transposed A whose rows are 4 KiB apart (dW = dlogits^T x; the AVX2 kernel copies its
+    // tiles first): [m, k] views of the first m columns of a [k, 1024] buffer
+    for (const index_t m : {5, 6, 13})
+      for (const index_t k : {17, 600})
+        for (const index_t n : {16, 40}) {
+          const auto a = to_float(random_vector(k * 1024, 95)), b = to_float(random_vector(k * n, 96));
+          const auto c0 = to_float(random_vector(m * n, 97));
+          tensor_view<const float, host, 2> av = make_view(a.data(), k, 1024).transpose(0, 1).slice(0, 0, m);
+          tensor_view<const float, host, 2> bv = make_view(b.data(), k, n);
+          std::vector<float> c = c0;
+          ops::gemm(host{}, av, bv, make_view(c.data(), m, n), 0.5f, 2.f);
+          ++cases;
+          for (index_t i = 0; i < m; ++i)
+            for (index_t j = 0; j < n; ++j) {
+              const std::size_t at = static_cast<std::size_t>(i * n + j);
+              double s = 0, sa = 0;
+              for (index_t p = 0; p < k; ++p) s += double(av(i, p)) * double(bv(p, j)), sa += std::abs(double(av(i, p)) * double(bv(p, j)));
+              wrong += !(std::abs(double(c[at]) - (0.5 * s + 2.0 * double(c0[at]))) <= 1e-5 * (1 + sa + std::abs(double(c0[at]))));
+              if (loom::test::split_invariant(kernel))
+                not_rule += std::bit_cast<std::uint32_t>(c[at]) != std::bit_cast<std::uint32_t>(sgemm_rule(av, bv, i, j, 0.5f, 2.f, c0[at]));
+            }
+        }
     INFO(cases, " products");
     CHECK(wrong == 0);
     CHECK(not_rule == 0);

@@ -62,6 +62,7 @@ inline float* sgemm_scratch(index_t floats) {
 /// Requires: K is one instruction set's half of an sgemm kernel:
 /// - `K::mr`, `K::nr`: rows and columns of C in one micro-kernel tile; `K::mr_aliased`: the
 ///   rows of a tile when A's rows are a multiple of 4 KiB apart (see sgemm_blocked);
+///   `K::pack_aliased_at`: whether a transposed A of such a stride is copied tile by tile;
 ///   `K::nc`: columns of one B copy;
 /// - `K::supported()`: whether this CPU runs it;
 /// - `K::micro<MR, AT>(a, lda, bp, kc, c, ldc, alpha, beta, width)`: C[MR x width] (+)= the
@@ -75,6 +76,7 @@ template <class K>
 concept sgemm_isa = requires(const float* src, float* dst, index_t i) {
   { K::mr } -> std::convertible_to<int>;
   { K::mr_aliased } -> std::convertible_to<int>;
+  { K::pack_aliased_at } -> std::convertible_to<bool>;
   { K::nr } -> std::convertible_to<int>;
   { K::tr } -> std::convertible_to<int>;
   { K::nc } -> std::convertible_to<index_t>;
@@ -115,21 +117,29 @@ inline void sgemm_micro_rows(int rows, const float* a, index_t lda, const float*
 }
 
 /// C[0:m, 0:nc] (+)= alpha A[0:m, 0:kc] Bp (the panels of one K and N block): MR-row tiles,
-/// each over every panel of Bp (the last tile shorter where m % MR != 0).
+/// each over every panel of Bp (the last tile shorter where m % MR != 0). apack, when given
+/// (a transposed A whose rows are a multiple of 4 KiB apart), receives each tile's A as
+/// [kc][MR] first, and the micro-kernel reads it from there.
 template <sgemm_isa K, int MR, bool AT>
 inline void sgemm_rows(index_t m, index_t nc, index_t kc, float alpha, const float* a, index_t lda, const float* bp,
-                       float beta, float* c, index_t ldc) {
+                       float beta, float* c, index_t ldc, float* apack) {
   for (index_t i0 = 0; i0 < m; i0 += MR) {
     const int rows = static_cast<int>(std::min<index_t>(MR, m - i0));
     const float* ai = AT ? a + i0 : a + i0 * lda;
+    index_t la = lda;
+    if (AT && apack) {  // the same values in the same order: the bits do not change
+      for (index_t k = 0; k < kc; ++k)
+        for (int r = 0; r < rows; ++r) apack[k * MR + r] = ai[k * lda + r];
+      ai = apack, la = MR;
+    }
     for (index_t p = 0; p * K::nr < nc; ++p) {
       const int width = static_cast<int>(std::min<index_t>(K::nr, nc - p * K::nr));
       const float* panel = bp + p * kc * K::nr;
       float* cp = c + i0 * ldc + p * K::nr;
       if (rows == MR)
-        K::template micro<MR, AT>(ai, lda, panel, kc, cp, ldc, alpha, beta, width);
+        K::template micro<MR, AT>(ai, la, panel, kc, cp, ldc, alpha, beta, width);
       else
-        sgemm_micro_rows<K, MR - 1, AT>(rows, ai, lda, panel, kc, cp, ldc, alpha, beta, width);
+        sgemm_micro_rows<K, MR - 1, AT>(rows, ai, la, panel, kc, cp, ldc, alpha, beta, width);
     }
   }
 }
@@ -139,10 +149,16 @@ inline void sgemm_blocked(index_t m, index_t n, index_t k, float alpha, const fl
                           index_t ldb, float beta, float* c, index_t ldc) {
   // Rows of a row-major A a multiple of 4 KiB apart fall into the same L1 sets (8 ways): a
   // tile of more rows than ways would evict its own lines before each line's 16 floats are
-  // used. Such A (a [tokens, vocab] gradient) is read K::mr_aliased rows a tile.
-  const bool aliased_rows = !AT && lda % 1024 == 0;
+  // used. Such A (a [tokens, vocab] gradient) is read K::mr_aliased rows a tile. A transposed
+  // A of such a stride (dW = dlogits^T x) walks k down one set, each step using only a
+  // tile's width of a line: where K::pack_aliased_at says so, its tile is copied once per K
+  // block into a contiguous [kc][mr] block (reused across every panel of the N block).
+  const bool aliased_rows = lda % 1024 == 0;
+  const bool pack_a = AT && aliased_rows && K::pack_aliased_at;
   const index_t kmax = std::min(k, sgemm_kc);
-  float* bp = sgemm_scratch(kmax * ((std::min(n, K::nc) + K::nr - 1) / K::nr * K::nr));
+  const index_t b_floats = kmax * ((std::min(n, K::nc) + K::nr - 1) / K::nr * K::nr);
+  float* bp = sgemm_scratch(b_floats + (pack_a ? kmax * K::mr + 16 : 0));
+  float* apack = pack_a ? bp + (b_floats + 15) / 16 * 16 : nullptr;
   for (index_t k0 = 0; k0 < k; k0 += sgemm_kc) {
     const index_t kc = std::min(sgemm_kc, k - k0);
     const float beta_k = k0 == 0 ? beta : 1.f;  // later K blocks add to C
@@ -153,10 +169,10 @@ inline void sgemm_blocked(index_t m, index_t n, index_t k, float alpha, const fl
         sgemm_pack_bt<K>(b, ldb, k0, kc, j0, nc, bp);
       else
         K::pack_b(b, ldb, k0, kc, j0, nc, bp);
-      if (aliased_rows)
-        sgemm_rows<K, K::mr_aliased, false>(m, nc, kc, alpha, ak, lda, bp, beta_k, c + j0, ldc);
+      if (!AT && aliased_rows)
+        sgemm_rows<K, K::mr_aliased, false>(m, nc, kc, alpha, ak, lda, bp, beta_k, c + j0, ldc, nullptr);
       else
-        sgemm_rows<K, K::mr, AT>(m, nc, kc, alpha, ak, lda, bp, beta_k, c + j0, ldc);
+        sgemm_rows<K, K::mr, AT>(m, nc, kc, alpha, ak, lda, bp, beta_k, c + j0, ldc, apack);
     }
   }
 }

@@ -33,6 +33,9 @@ struct sgemm_avx512 {
   static constexpr const char* name = "avx512";
   static constexpr int mr = 12, mr_aliased = 8, nr = 32, tr = 16;
   static constexpr index_t nc = 512;
+  // Its 12-float reads use most of each line of a 4 KiB-strided transposed A; copying the
+  // tile first was slower (docs/benchmarks.md).
+  static constexpr bool pack_aliased_at = false;
 
   static bool supported() noexcept {
     static const bool ok = [] {
