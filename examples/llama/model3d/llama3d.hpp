@@ -57,6 +57,7 @@
 #include <loom/nn/tp/linear.hpp>
 #include <loom/nn/tp/shard.hpp>
 #include <loom/nn/workspace.hpp>
+#include <loom/ops/host/fill.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -467,12 +468,7 @@ class stage_model {
                                 a.rstd1.view(), dr);
   }
 
-  static void add(T* LOOM_RESTRICT y, const T* LOOM_RESTRICT x, index_t n) {
-    loom::ops::detail::parallel_rows(n, loom::ops::detail::min_part_elements, [&](index_t i0, index_t i1) {
-      LOOM_SIMD
-      for (index_t i = i0; i < i1; ++i) y[i] += x[i];
-    });
-  }
+  static void add(T* y, const T* x, index_t n) { loom::ops::add(loom::host{}, loom::make_view(y, n), loom::make_view(x, n)); }
   view2<T> resid(slot& sl, index_t l) {
     const index_t n = sl.batch * sl.seq;
     return loom::make_view(sl.resid.data() + l * n * cfg_.dim, n, cfg_.dim);

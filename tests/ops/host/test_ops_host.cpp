@@ -11,6 +11,7 @@
 #include <loom/ops/host/attention.hpp>
 #include <loom/ops/host/cross_entropy.hpp>
 #include <loom/ops/host/embedding.hpp>
+#include <loom/ops/host/fill.hpp>
 #include <loom/ops/host/gemm.hpp>
 #include <loom/ops/host/norm.hpp>
 #include <loom/ops/host/rope.hpp>
@@ -407,6 +408,22 @@ TEST_CASE("swiglu and gelu: forward against closed forms, backward against finit
     ops::gelu_backward(host{}, make_view(r.data(), n), make_view(a.data(), n), make_view(dx.data(), n), approx);
     check_gradient(a, dx, g, "gelu dx");
   }
+}
+
+TEST_CASE("add: y += x element by element on 1 and 3 threads; mismatched lengths are a loom::error") {
+  const index_t n = 200003;  // several pool parts, an odd tail
+  const auto x = to_float(random_vector(n, 41)), y0 = to_float(random_vector(n, 42));
+  for (int threads : {1, 3}) {
+    loom::thread_pool pool(threads);
+    loom::host_pool_scope scope(pool);
+    auto y = y0;
+    ops::add(host{}, make_view(y.data(), n), make_view(x.data(), n));
+    int wrong = 0;
+    for (index_t i = 0; i < n; ++i) wrong += y[static_cast<std::size_t>(i)] != y0[static_cast<std::size_t>(i)] + x[static_cast<std::size_t>(i)];
+    CHECK(wrong == 0);
+  }
+  auto y = y0;
+  CHECK_THROWS_WITH_AS(ops::add(host{}, make_view(y.data(), n - 1), make_view(x.data(), n)), doctest::Contains("x has"), loom::error);
 }
 
 TEST_CASE("embedding: gather, scatter-add, and a token outside the vocabulary") {

@@ -1,5 +1,5 @@
 #pragma once
-// Fill and element-type cast on the host. Mirror of ops/cuda/fill.cuh (same names, overloaded
+// Fill, element-type cast and in-place add on the host. Mirror of ops/cuda/fill.cuh (same names, overloaded
 // on the device tag). Casts go through float for the 16-bit types (round to nearest even).
 // A fill of more than 64K elements is split over host_pool(): the per-step zeroing of
 // gradients and workspace buffers would otherwise leave the other pool threads idle.
@@ -20,6 +20,21 @@ void fill(host, tensor_view<T, host, 1> x, T value) {
   LOOM_CHECK(x.is_contiguous(), "ops::fill: view must be contiguous (stride=", x.stride(0), ")");
   T* p = x.data();
   detail::parallel_rows(x.numel(), 2 * detail::min_part_elements, [&](index_t b, index_t e) { std::fill(p + b, p + e, value); });
+}
+
+/// y[i] += x[i] over contiguous views of one length (the residual adds of a block; parts of
+/// >= 32K elements on host_pool(), each element added once, so any thread count gives the
+/// same bits).
+template <compute_type T>
+void add(host, tensor_view<T, host, 1> y, tensor_view<const T, host, 1> x) {
+  LOOM_CHECK(y.numel() == x.numel(), "ops::add: y has ", y.numel(), " elements, x has ", x.numel());
+  LOOM_CHECK(y.is_contiguous() && x.is_contiguous(), "ops::add: views must be contiguous");
+  T* LOOM_RESTRICT yp = y.data();
+  const T* LOOM_RESTRICT xp = x.data();
+  detail::parallel_rows(y.numel(), detail::min_part_elements, [&](index_t b, index_t e) {
+    LOOM_SIMD
+    for (index_t i = b; i < e; ++i) yp[i] += xp[i];
+  });
 }
 
 /// out[i] = Out(in[i]); the views must have the same length.
