@@ -4,7 +4,7 @@
 // within 1e-5. Also: fp16 with dynamic loss scaling runs and matches in loss to 1e-2;
 // parameter and optimizer offload to cpu change nothing; the seed's own ds_config_zero3.json
 // (fp16, ZeRO-3, both offloads, activation checkpointing) trains on 4 ranks as on one.
-#include <trainer.hpp>
+#include <run.hpp>
 
 #include <doctest/doctest.h>
 

@@ -1,7 +1,7 @@
 // llama-train: pretrain a LLaMA on token shards, single rank, DeepSpeed-style config.
 // See trainer.hpp for the step and docs/training.md for the flags and the config keys.
 #include <common/cli.hpp>
-#include "trainer.hpp"
+#include "run.hpp"
 
 #include <cstdio>
 #include <exception>

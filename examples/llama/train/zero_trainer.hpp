@@ -19,7 +19,7 @@
 // Same step as trainer.hpp: G micro-batches, loss scaling with overflow skip, clipping,
 // lr schedule; the loss printed is the mean over all ranks.
 
-#include "trainer.hpp"
+#include "trainer.hpp"  // options, results, progress_line
 
 #include <loom/comm/thread_comm.hpp>
 #include <loom/zero/engine.hpp>

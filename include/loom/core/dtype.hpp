@@ -47,6 +47,15 @@ template <class T>
 concept floating_element = element<T> && (std::same_as<std::remove_cv_t<T>, float> || std::same_as<std::remove_cv_t<T>, double> ||
                                           std::same_as<std::remove_cv_t<T>, half> || std::same_as<std::remove_cv_t<T>, bfloat16>);
 
+/// Requires: T is a type loom's kernels and layers compute in (float; double for gradient
+/// checks). Here, not in ops/, so that naming a model's types does not pull in a backend.
+template <class T>
+concept compute_type = std::same_as<T, float> || std::same_as<T, double>;
+
+/// Requires: P is a type parameters may be stored in (float, double, half, bfloat16).
+template <class P>
+concept param_type = floating_element<P>;
+
 template <element T>
 inline constexpr dtype dtype_of = dtype_traits<std::remove_cv_t<T>>::value;
 

@@ -32,13 +32,9 @@
 
 namespace loom::ops {
 
-/// Requires: T is a type the host kernels compute in (float, or double for gradient checks).
-template <class T>
-concept compute_type = std::same_as<T, float> || std::same_as<T, double>;
-
-/// Requires: P is a type parameters may be stored in (float, double, half, bfloat16).
-template <class P>
-concept param_type = floating_element<P>;
+// The element concepts live in core/dtype.hpp; the kernels name them as ops:: too.
+using loom::compute_type;
+using loom::param_type;
 
 /// An input view of compute-type elements; T is deduced from the outputs, so a mutable
 /// view passes where a const one is expected.
