@@ -21,6 +21,7 @@
 // resumed run repeats an uninterrupted one bit for bit (tests/examples/llama/train).
 // Several ranks or a ZeRO stage run zero_trainer.hpp instead (run.hpp chooses).
 
+#include <common/batches.hpp>
 #include <common/loss_scaler.hpp>
 #include <llama/model/llama.hpp>
 #include <loom/amp/loss_scaler.hpp>
@@ -245,23 +246,8 @@ class trainer {
   }
 
  private:
-  /// Token shards, or (one path ending in .jsonl) chat records with loss on the responses only:
-  /// byte tokens, half the sequence for the prompt side, half for the response.
-  static std::variant<loom::data::token_loader, loom::data::chat_loader> make_loader(const options& o, std::int64_t micro) {
-    const loom::data::sampler_options so{.batch = std::size_t(micro), .seed = o.seed};
-    if (o.data.size() == 1 && o.data[0].size() > 6 && o.data[0].ends_with(".jsonl")) {
-      const loom::data::byte_tokenizer tok;
-      LOOM_CHECK(o.model.vocab >= tok.vocab_size(), "llama-train: chat data needs vocab >= ", tok.vocab_size(),
-                 " (bytes + bos/eos/pad), got vocab=", o.model.vocab);
-      const std::size_t src = std::size_t(o.model.seq_len) / 2;
-      return loom::data::chat_loader(loom::data::read_chat_jsonl(o.data[0]), tok,
-                                     {.max_source_length = src, .max_target_length = std::size_t(o.model.seq_len) - src,
-                                      .vocab_size = std::uint32_t(o.model.vocab)},
-                                     so);
-    }
-    return loom::data::token_loader(loom::data::open_shards(o.data, loom::data::token_width::u16),
-                                    {.seq_len = std::size_t(o.model.seq_len), .batch = so.batch,
-                                     .vocab_size = std::uint32_t(o.model.vocab), .seed = so.seed});
+  static examples::batch_loader make_loader(const options& o, std::int64_t micro) {
+    return examples::make_batch_loader(o.data, o.model.vocab, o.model.seq_len, micro, o.seed);
   }
   float current_scale() const {
     return std::visit([](const auto& s) { return s.scale(); }, scaler_);
@@ -293,7 +279,7 @@ class trainer {
   loom::host_memory_resource mem_;
   llama::model<P> model_;
   std::int64_t G_, micro_;
-  std::variant<loom::data::token_loader, loom::data::chat_loader> loader_;
+  examples::batch_loader loader_;
   loom::data::token_batch batch_;
   loom::optim::adamw opt_;
   loom::amp::master_weights<P> master_;

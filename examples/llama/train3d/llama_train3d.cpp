@@ -4,6 +4,7 @@
 // The corpus is the synthetic counting stream of train3d.hpp (learnable, the same for every
 // mesh, so runs on different meshes print the same losses).
 #include <common/cli.hpp>
+#include <common/batches.hpp>
 #include <common/loss_scaler.hpp>
 #include "train3d.hpp"
 
@@ -32,6 +33,7 @@ const char* usage =
     "                     [--config ds_config.json] [--steps N] [--micro-batches M] [--batch B] [--seq S]\n"
     "                     [--dim D] [--n-layers L] [--n-heads H] [--n-kv-heads K] [--hidden-dim F] [--vocab V]\n"
     "                     [--tied] [--checkpointing] [--lr LR] [--clip C] [--precision fp32|bf16|fp16] [--seed S] [--print-every N]\n"
+    "                     [--data a.bin,b.bin | chat.jsonl]   token shards (uint16) or chat records; default: a counting corpus\n"
     "  Ranks are threads (dp*tp*pp of them), or the processes of `mpirun -np dp*tp*pp`. A config's zero stage, micro batch, gradient\n"
     "  accumulation (= micro-batches per step), precision (fp16: its loss scaler), optimizer, scheduler and clipping win over\n"
     "  the flags. bf16 / fp16 store parameters in that type (fp32 master weights and compute).\n";
@@ -43,6 +45,7 @@ struct program_options {
   llama::config cfg;
   llama3d::train_options train;
   std::string config_path;
+  std::vector<std::string> data;  ///< --data: token shards or one chat .jsonl; none: the counting corpus
   std::optional<loom::dtype> precision_flag;  ///< --precision
   loom::dtype precision = loom::dtype::f32;   ///< what the run stores parameters as
   std::int64_t steps = 20;
@@ -81,6 +84,13 @@ program_options parse(int argc, char** argv) {
     else if (a == "--vocab") o.cfg.vocab = number<loom::index_t>(a, value());
     else if (a == "--tied") o.cfg.tied_output = true;
     else if (a == "--checkpointing") o.train.checkpointing = true;
+    else if (a == "--data") {
+      const std::string list = value();
+      std::stringstream ss(list);
+      for (std::string p; std::getline(ss, p, ',');)
+        if (!p.empty()) o.data.push_back(p);
+      LOOM_CHECK(!o.data.empty(), "llama-train3d: --data '", list.substr(0, 64), "' names no file");
+    }
     else if (a == "--lr") o.train.adamw.lr = number<float>(a, value());
     else if (a == "--clip") o.train.gradient_clipping = number<float>(a, value());
     else if (a == "--seed") o.train.seed = number<std::uint64_t>(a, value());
@@ -214,10 +224,21 @@ int main(int argc, char** argv) {
         comm.barrier();
       }
       const double tokens = double(mesh.dp) * o.train.micro_batches * double(o.train.micro_batch_size * o.train.seq);
+      // Real data: every rank reads the micro-batches it is given by their global index
+      // (examples/common/batches.hpp), so the loss curve is the same on every mesh.
+      std::optional<examples::batch_loader> loader;
+      if (!o.data.empty())
+        loader.emplace(examples::make_batch_loader(o.data, o.cfg.vocab, o.train.seq, o.train.micro_batch_size, o.train.seed));
+      loom::data::token_batch batch;
+      const int G = mesh.dp * o.train.micro_batches;
       for (std::int64_t s = 0; s < o.steps; ++s) {
         t.set_lr(schedule.lr(t.steps()));  // a skipped step does not advance the schedule (DeepSpeed)
         auto st = t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
-          llama3d::counting_batch(o.train.seed, step, g, o.train.micro_batch_size, o.train.seq, o.cfg.vocab, tok, tgt);
+          if (!loader)
+            return llama3d::counting_batch(o.train.seed, step, g, o.train.micro_batch_size, o.train.seq, o.cfg.vocab, tok, tgt);
+          examples::global_micro_batch(*loader, step, g, G, batch);
+          std::copy(batch.tokens.begin(), batch.tokens.end(), tok.begin());
+          std::copy(batch.targets.begin(), batch.targets.end(), tgt.begin());
         });
         double peak = double(mr.peak_bytes());
         comm.all_reduce(std::span<const double>(&peak, 1), std::span<double>(&peak, 1), loom::comm::reduce_op::max);
