@@ -213,3 +213,30 @@ TEST_CASE("prove() passes sound schedules; bad costs are refused by name") {
   CHECK_THROWS_WITH_AS(lp::simulate(lp::gpipe(2, 2), {.communication = std::nan("")}), doctest::Contains("communication"),
                        loom::error);
 }
+
+TEST_CASE("forward-only (evaluation) schedules: sound for p in 1..6, m in 1..8, v in 1..3, only forwards and activations, (m + p - 1) f for v = 1; a backward refused") {
+  // Closed form (v = 1): the last stage starts after the p - 1 forwards of the pipeline fill
+  // and then runs its m forwards back to back: (m + p - 1) f.
+  for (int p = 1; p <= 6; ++p)
+    for (int m = 1; m <= 8; ++m)
+      for (int v = 1; v <= 3; ++v) {
+        CAPTURE(p);
+        CAPTURE(m);
+        CAPTURE(v);
+        const auto s = lp::forward_only(p, m, v);
+        CHECK(s.forward_only);
+        const auto r = lp::simulate(s, {1.0 / v, 2.0, 0.0, 0.0});
+        CHECK_MESSAGE(r.ok(), r.report());
+        for (const auto& ops : s.ops)
+          for (const auto& o : ops)
+            CHECK((o.kind == lp::op_kind::forward || o.kind == lp::op_kind::send_activation ||
+                   o.kind == lp::op_kind::recv_activation));
+        if (v == 1) CHECK(r.total_time == doctest::Approx(double(m + p - 1)));
+      }
+  auto bad = lp::forward_only(2, 2);
+  bad.ops[1].push_back(lp::op{lp::op_kind::backward, 0, 0, -1});
+  CHECK(any_problem_contains(lp::simulate(bad), "forward-only"));
+  auto dropped = lp::forward_only(2, 2);
+  dropped.ops[0].erase(dropped.ops[0].begin());  // stage 0 never forwards micro-batch 0
+  CHECK_FALSE(lp::simulate(dropped).ok());
+}

@@ -15,6 +15,7 @@
 #endif
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <type_traits>
 #include <cstdio>
@@ -34,6 +35,7 @@ const char* usage =
     "                     [--dim D] [--n-layers L] [--n-heads H] [--n-kv-heads K] [--hidden-dim F] [--vocab V]\n"
     "                     [--tied] [--checkpointing] [--lr LR] [--clip C] [--precision fp32|bf16|fp16] [--seed S] [--print-every N]\n"
     "                     [--data a.bin,b.bin | chat.jsonl]   token shards (uint16) or chat records; default: a counting corpus\n"
+    "                     [--eval-every N [--eval-data FILES] [--eval-batches K]]   held-out loss and perplexity every N steps\n"
     "  Ranks are threads (dp*tp*pp of them), or the processes of `mpirun -np dp*tp*pp`. A config's zero stage, micro batch, gradient\n"
     "  accumulation (= micro-batches per step), precision (fp16: its loss scaler), optimizer, scheduler and clipping win over\n"
     "  the flags. bf16 / fp16 store parameters in that type (fp32 master weights and compute).\n";
@@ -46,6 +48,9 @@ struct program_options {
   llama3d::train_options train;
   std::string config_path;
   std::vector<std::string> data;  ///< --data: token shards or one chat .jsonl; none: the counting corpus
+  std::vector<std::string> eval_data;  ///< --eval-data: held-out files (none: held-out counting batches)
+  int eval_every = 0;                  ///< --eval-every N: evaluate after every N steps (0: never)
+  int eval_batches = 1;                ///< --eval-batches K: global batches per evaluation
   std::optional<loom::dtype> precision_flag;  ///< --precision
   loom::dtype precision = loom::dtype::f32;   ///< what the run stores parameters as
   std::int64_t steps = 20;
@@ -84,12 +89,19 @@ program_options parse(int argc, char** argv) {
     else if (a == "--vocab") o.cfg.vocab = number<loom::index_t>(a, value());
     else if (a == "--tied") o.cfg.tied_output = true;
     else if (a == "--checkpointing") o.train.checkpointing = true;
-    else if (a == "--data") {
+    else if (a == "--data" || a == "--eval-data") {
       const std::string list = value();
+      auto& files = a == "--data" ? o.data : o.eval_data;
       std::stringstream ss(list);
       for (std::string p; std::getline(ss, p, ',');)
-        if (!p.empty()) o.data.push_back(p);
-      LOOM_CHECK(!o.data.empty(), "llama-train3d: --data '", list.substr(0, 64), "' names no file");
+        if (!p.empty()) files.push_back(p);
+      LOOM_CHECK(!files.empty(), "llama-train3d: ", a, " '", list.substr(0, 64), "' names no file");
+    } else if (a == "--eval-every") {
+      o.eval_every = number<int>(a, value());
+      LOOM_CHECK(o.eval_every >= 0, "llama-train3d: --eval-every ", o.eval_every, " must be >= 0");
+    } else if (a == "--eval-batches") {
+      o.eval_batches = number<int>(a, value());
+      LOOM_CHECK(o.eval_batches >= 1, "llama-train3d: --eval-batches ", o.eval_batches, " must be >= 1");
     }
     else if (a == "--lr") o.train.adamw.lr = number<float>(a, value());
     else if (a == "--clip") o.train.gradient_clipping = number<float>(a, value());
@@ -229,6 +241,11 @@ int main(int argc, char** argv) {
       std::optional<examples::batch_loader> loader;
       if (!o.data.empty())
         loader.emplace(examples::make_batch_loader(o.data, o.cfg.vocab, o.train.seq, o.train.micro_batch_size, o.train.seed));
+      std::optional<examples::batch_loader> eval_loader;
+      if (!o.eval_data.empty())
+        eval_loader.emplace(examples::make_batch_loader(o.eval_data, o.cfg.vocab, o.train.seq, o.train.micro_batch_size,
+                                                        o.train.seed));
+      const std::int64_t held_out = std::int64_t(1) << 40;
       loom::data::token_batch batch;
       const int G = mesh.dp * o.train.micro_batches;
       for (std::int64_t s = 0; s < o.steps; ++s) {
@@ -249,6 +266,22 @@ int main(int argc, char** argv) {
                       st.loss, st.grad_norm,
                       o.precision == loom::dtype::f16 ? scale_text(st.loss_scale).c_str() : "",
                       st.skipped ? " (skipped: overflow)" : "", tokens / secs, peak / 1024.0);
+        if (o.eval_every > 0 && ((s + 1) % o.eval_every == 0 || s + 1 == o.steps)) {
+          double eval = 0;
+          for (int k = 0; k < o.eval_batches; ++k)
+            eval += t.evaluate(
+                        [&](std::int64_t index, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+                          if (!eval_loader)  // held-out counting batches: step indices training never reaches
+                            return llama3d::counting_batch(o.train.seed, held_out + index, g, o.train.micro_batch_size,
+                                                           o.train.seq, o.cfg.vocab, tok, tgt);
+                          examples::global_micro_batch(*eval_loader, index, g, G, batch);
+                          std::copy(batch.tokens.begin(), batch.tokens.end(), tok.begin());
+                          std::copy(batch.targets.begin(), batch.targets.end(), tgt.begin());
+                        },
+                        k) /
+                    o.eval_batches;
+          if (r == 0) std::printf("eval after step %lld: loss %.4f  perplexity %.3f\n", (long long)s + 1, eval, std::exp(eval));
+        }
       }
     };
     auto body = [&](auto& comm, loom::host_memory_resource& mr, const char* kind) {

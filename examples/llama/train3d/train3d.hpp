@@ -172,6 +172,29 @@ class trainer {
   int chunks() const noexcept { return static_cast<int>(chunks_.size()); }
   const loom::pipeline::schedule& schedule() const noexcept { return sched_; }
   std::int64_t steps() const noexcept { return step_; }
+  /// Mean loss over the dp x m micro-batches `data` gives for batch number `index` (called as
+  /// data(index, global_mb, tokens, targets)), forward only: no gradients, no update, the
+  /// parameters as the last step left them. The pipeline runs pipeline::forward_only; ZeRO-3
+  /// gathers each chunk's parameters for the pass and drops them after, as a step does.
+  double evaluate(const batch_fn& data, std::int64_t index = 0) {
+    data_ = data;
+    if (!eval_exec_)
+      eval_exec_ = std::make_unique<loom::pipeline::executor<T, C>>(
+          loom::pipeline::forward_only(opt_.mesh.pp, opt_.micro_batches, sched_.chunks), mesh_.pp(),
+          static_cast<std::size_t>(opt_.micro_batch_size * opt_.seq * model().cfg().dim), *mr_);
+    auto& dp = mesh_.dp();
+    for (auto& ck : chunks_)
+      if (opt_.zero_stage == 3) {
+        ck->model->ensure_params();
+        dp.all_gather(std::span<const P>(ck->param_shard.span()), ck->model->params());
+      }
+    stage_adapter run{this, index, 0.0, 0.0, true};
+    eval_exec_->run(run);
+    for (auto& ck : chunks_)
+      if (opt_.zero_stage == 3) ck->model->drop_params();
+    return global_loss(run.loss);
+  }
+
   /// The learning rate of the next step (a schedule sets it before each step).
   void set_lr(float lr) { opt_.adamw.lr = lr; }
 
@@ -183,7 +206,6 @@ class trainer {
     step_stats st;
     auto& pp = mesh_.pp();
     auto& dp = mesh_.dp();
-    const int m = opt_.micro_batches;
     const float loss_scale = loom::amp::scale_of(opt_.loss_scaler);
     st.loss_scale = loss_scale;
     for (auto& ck : chunks_) {
@@ -239,11 +261,7 @@ class trainer {
     float scale = 1.f / (static_cast<float>(dp_) * loss_scale);  // gradients sum over dp and carry the loss scale
     mesh_.world().all_reduce(std::span<const double>(&sq, 1), std::span<double>(&sq, 1), loom::comm::reduce_op::sum);
     st.grad_norm = std::sqrt(sq) * scale;
-    // the loss of the global batch (the last virtual stage's tp rank 0 ranks hold it)
-    const bool holds_loss = chunks_.back()->model->last_stage() && mesh_.coord().tp == 0;
-    double loss = holds_loss ? run.loss / double(m) / double(dp_) : 0.0;
-    mesh_.world().all_reduce(std::span<const double>(&loss, 1), std::span<double>(&loss, 1), loom::comm::reduce_op::sum);
-    st.loss = loss;
+    st.loss = global_loss(run.loss);
     // every rank saw the same norm, so every scaler takes the same decision (and one at its
     // minimum scale throws the same loom::error on every rank)
     const bool apply = loom::amp::update(opt_.loss_scaler, !std::isfinite(st.grad_norm));
@@ -332,6 +350,7 @@ class trainer {
     trainer* t;
     std::int64_t step;
     double loss, busy;
+    bool eval = false;  ///< forward only: the micro-batch's slot is given back after its forward
     void forward(int mb, int c, std::span<const T> input, std::span<T> output) {
       auto& mdl = t->model(c);
       const index_t b = t->opt_.micro_batch_size, s = t->opt_.seq;
@@ -341,6 +360,7 @@ class trainer {
       loss += double(mdl.forward(mb, loom::make_view(static_cast<const std::int32_t*>(t->tokens_.data()), b, s),
                                  loom::make_view(static_cast<const std::int32_t*>(t->targets_.data()), b, s)));
       if (!output.empty()) std::copy_n(mdl.output(mb).begin(), output.size(), output.begin());
+      if (eval) mdl.release(mb);
       busy += seconds(c0, std::chrono::steady_clock::now());
     }
     void backward(int mb, int c, std::span<const T>, std::span<const T> grad_output, std::span<T> grad_input) {
@@ -354,6 +374,15 @@ class trainer {
     }
   };
 
+  /// The mean loss of the global batch from each rank's sum over its micro-batches (the last
+  /// virtual stage's tp rank 0 ranks hold it), the same on every rank.
+  double global_loss(double local_sum) {
+    const bool holds_loss = chunks_.back()->model->last_stage() && mesh_.coord().tp == 0;
+    double loss = holds_loss ? local_sum / double(opt_.micro_batches) / double(dp_) : 0.0;
+    mesh_.world().all_reduce(std::span<const double>(&loss, 1), std::span<double>(&loss, 1), loom::comm::reduce_op::sum);
+    return loss;
+  }
+
   static double seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
   }
@@ -363,6 +392,7 @@ class trainer {
   loom::memory_resource* mr_;
   loom::pipeline::schedule sched_;
   loom::pipeline::executor<T, C> exec_;
+  std::unique_ptr<loom::pipeline::executor<T, C>> eval_exec_;  // forward_only, made on the first evaluate()
   batch_fn data_;
   std::size_t dp_, rank_;
   loom::buffer<std::int32_t> tokens_, targets_;

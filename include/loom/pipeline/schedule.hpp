@@ -102,6 +102,8 @@ struct schedule {
   int microbatches = 0;  ///< m: micro-batches per training step
   int chunks = 1;        ///< v: model chunks per stage (virtual pipeline size)
   std::vector<std::vector<op>> ops;  ///< [stage] -> operations in execution order
+  /// An evaluation pass: forwards only (no backward, no gradient transfers, no optimizer step).
+  bool forward_only = false;
 
   int virtual_stages() const noexcept { return stages * chunks; }
   /// Position in the model of chunk `chunk` of stage `stage`.
@@ -124,8 +126,8 @@ struct compute_step {
 // Every transfer gets a time at which both of its stages are idle in the unit-cost timing, so
 // that blocking send/recv adds no waiting to it.
 inline schedule add_communication(std::string name, int p, int m, int v,
-                                  const std::vector<std::vector<compute_step>>& order) {
-  schedule out{std::move(name), p, m, v, std::vector<std::vector<op>>(static_cast<std::size_t>(p))};
+                                  const std::vector<std::vector<compute_step>>& order, bool forward_only = false) {
+  schedule out{std::move(name), p, m, v, std::vector<std::vector<op>>(static_cast<std::size_t>(p)), forward_only};
   const int V = p * v;
   const auto slot = [&](int mb, int k) { return static_cast<std::size_t>(mb) * static_cast<std::size_t>(V) + static_cast<std::size_t>(k); };
   // Time the compute order with forward 1, backward 2 and instant transfers (an integer grid:
@@ -220,7 +222,7 @@ inline schedule add_communication(std::string name, int p, int m, int v,
     auto& ops = out.ops[static_cast<std::size_t>(s)];
     ops.reserve(ks.size() + 1);
     for (const auto& [k, o] : ks) ops.push_back(o);
-    ops.push_back(op{op_kind::optimizer_step, -1, 0, -1});
+    if (!forward_only) ops.push_back(op{op_kind::optimizer_step, -1, 0, -1});
   }
   return out;
 }
@@ -242,6 +244,20 @@ inline schedule gpipe(int p, int m) {
     for (int i = 0; i < m; ++i) ord.push_back({true, i, 0});
   }
   return detail::add_communication("gpipe", p, m, 1, order);
+}
+
+/// Evaluation (forward-only inference over the pipeline): every stage runs the forwards of its
+/// chunks, chunk by chunk and micro-batch by micro-batch in order, with the activation
+/// transfers between them; no backward, no optimizer step. v: chunks per stage, as the
+/// training schedule of the same model has them.
+inline schedule forward_only(int p, int m, int v = 1) {
+  detail::check_sizes("forward_only", p, m);
+  LOOM_CHECK(v >= 1, "pipeline::forward_only: chunks v=", v, " must be >= 1");
+  std::vector<std::vector<detail::compute_step>> order(static_cast<std::size_t>(p));
+  for (auto& ord : order)
+    for (int c = 0; c < v; ++c)
+      for (int i = 0; i < m; ++i) ord.push_back({false, i, c});
+  return detail::add_communication("forward_only", p, m, v, order, true);
 }
 
 /// 1F1B (PipeDream-Flush, Narayanan et al. 2021): stage s runs min(p-s-1, m) warm-up forwards,

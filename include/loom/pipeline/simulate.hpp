@@ -206,6 +206,9 @@ class simulator {
         os << "stage " << s << ", op #" << i << ' ' << o << ": ";
         if (o.kind > op_kind::optimizer_step) {
           os << "unknown op kind " << static_cast<int>(o.kind);
+        } else if (s_.forward_only && o.kind != op_kind::forward && o.kind != op_kind::send_activation &&
+                   o.kind != op_kind::recv_activation) {
+          os << "a forward-only schedule has no backward, gradient transfer or optimizer step";
         } else if (o.kind == op_kind::optimizer_step) {
           continue;
         } else if (o.microbatch < 0 || o.microbatch >= s_.microbatches) {
@@ -334,12 +337,13 @@ class simulator {
           std::ostringstream os;
           os << "stage " << s << ": micro-batch " << mb << ", chunk " << c;
           if (me.fwd[i] == 0) problem(os.str() + " is never forwarded");
-          if (me.bwd[i] == 0) problem(os.str() + " is never backwarded");
+          if (!s_.forward_only && me.bwd[i] == 0) problem(os.str() + " is never backwarded");
           if (s_.stages == 1) continue;  // chunks of a single stage hand over locally
           if (k + 1 < s_.virtual_stages() && me.act_out[i] == 0) problem(os.str() + ": its activation is never sent");
-          if (k > 0 && me.grad_out[i] == 0) problem(os.str() + ": its input gradient is never sent");
+          if (!s_.forward_only && k > 0 && me.grad_out[i] == 0) problem(os.str() + ": its input gradient is never sent");
         }
-      if (me.optimizer_steps == 0) problem("stage " + std::to_string(s) + " never runs the optimizer step");
+      if (!s_.forward_only && me.optimizer_steps == 0)
+        problem("stage " + std::to_string(s) + " never runs the optimizer step");
     }
   }
 

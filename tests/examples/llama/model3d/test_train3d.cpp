@@ -3,6 +3,8 @@
 // double so that only the order of summation differs between meshes.
 #include "train3d_suite.hpp"
 
+#include <llama/model/llama.hpp>
+
 #include <limits>
 
 using loom::comm::thread_comm;
@@ -272,5 +274,57 @@ TEST_CASE("activation checkpointing in the 3D trainer: the same run, bit for bit
   for (std::size_t r = 0; r < 4; ++r) {
     CAPTURE(r);
     CHECK(peak_ckpt[r] < peak_full[r]);
+  }
+}
+
+TEST_CASE("forward-only evaluation under ZeRO-3 on every mesh: the mean loss of llama::model on the trained weights; training unchanged") {
+  // Oracle: the single-rank model with the consolidated fp32 master (the trainer's double
+  // parameters are that master) run over the same held-out micro-batches.
+  const int m = 2;
+  const auto cfg = tiny(false);
+  const std::int64_t held_out = 1000;  // a step index the training never reads
+  struct result {
+    double eval = 0;
+    std::vector<double> losses;  // 2 steps, evaluate, 2 more steps
+    std::vector<float> master;   // after the first 2 steps
+  };
+  auto run_eval = [&](loom::comm::mesh_shape mesh, int mm, bool with_eval) {
+    auto o = options(mesh, 3, "1f1b", mm);
+    result out;
+    loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
+      trainer_t t(world, cfg, o, loom::default_resource<loom::host>());
+      auto data = [&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+        llama3d::counting_batch(7, step, g, o.micro_batch_size, o.seq, cfg.vocab, tok, tgt);
+      };
+      result r;
+      for (int s = 0; s < 2; ++s) r.losses.push_back(t.step(data).loss);
+      r.master = t.consolidated_master();
+      if (with_eval) r.eval = t.evaluate(data, held_out);
+      for (int s = 0; s < 2; ++s) r.losses.push_back(t.step(data).loss);
+      if (world.rank() == 0) out = r;
+    });
+    return out;
+  };
+  const result base = run_eval({1, 1, 1}, 2 * m, true), plain = run_eval({1, 1, 1}, 2 * m, false);
+  CHECK(base.losses == plain.losses);  // evaluation changes nothing of the training
+  llama::model<double, double> ref(cfg);
+  REQUIRE(ref.params().size() == base.master.size());
+  for (std::size_t i = 0; i < base.master.size(); ++i) ref.params()[i] = double(base.master[i]);
+  double want = 0;
+  const auto o1 = options({1, 1, 1}, 3, "1f1b", 2 * m);
+  std::vector<std::int32_t> tok(std::size_t(o1.micro_batch_size * o1.seq)), tgt(tok.size());
+  for (int g = 0; g < 2 * m; ++g) {
+    llama3d::counting_batch(7, held_out, g, o1.micro_batch_size, o1.seq, cfg.vocab, tok, tgt);
+    want += ref.forward(loom::make_view(static_cast<const std::int32_t*>(tok.data()), o1.micro_batch_size, o1.seq),
+                        loom::make_view(static_cast<const std::int32_t*>(tgt.data()), o1.micro_batch_size, o1.seq)) /
+            double(2 * m);
+  }
+  CHECK(base.eval == doctest::Approx(want).epsilon(1e-10));
+  for (auto mesh : {loom::comm::mesh_shape{2, 2, 2}, {1, 2, 2}, {2, 1, 1}}) {
+    CAPTURE(mesh.dp);
+    CAPTURE(mesh.tp);
+    CAPTURE(mesh.pp);
+    const result r = run_eval(mesh, 2 * m / mesh.dp, true);
+    CHECK(r.eval == doctest::Approx(base.eval).epsilon(1e-10));
   }
 }
