@@ -7,6 +7,9 @@
 //     w1/w3, w2 and the output layer) through ops::gemm on each sgemm kernel the CPU runs
 //     (avx512, avx2, blas; the others are skipped by name), with caches flushed before every
 //     call as in a step, where operands come from the previous kernel.
+//   BM_decode/<kernel>/<packed|unpacked>/<layer>: y = x W^T for one decoded token (m = 1) on
+//     the stories15M shapes (dim 288, hidden 768, vocab 32000), W packed once
+//     (ops::packed_weight) or copied by every ops::gemm call.
 //   BM_attention_{forward,backward}/<model>, BM_rmsnorm_{forward,backward}/<model>,
 //   BM_swiglu_{forward,backward}/<model>, BM_rope/<model>, BM_cross_entropy/<model>: the
 //     other kernels of a step on the same shapes (GEMMs inside attention on the kernel
@@ -22,6 +25,7 @@
 #include <loom/ops/host/cross_entropy.hpp>
 #include <loom/ops/host/gemm.hpp>
 #include <loom/ops/host/norm.hpp>
+#include <loom/ops/host/packed_weight.hpp>
 #include <loom/ops/host/rope.hpp>
 
 #include <benchmark/benchmark.h>
@@ -86,6 +90,26 @@ void BM_gemm(benchmark::State& state, ops::host_sgemm kernel, model_shape m, ind
                                                  benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 
+void set_bytes(benchmark::State& state, double bytes) {
+  state.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
+void BM_decode(benchmark::State& state, ops::host_sgemm kernel, bool packed, index_t out, index_t in) {
+  auto w = random_floats(std::size_t(out * in), 16), x = random_floats(std::size_t(in), 17);
+  auto y = zeros(out);
+  const auto wv = make_view(static_cast<const float*>(w.data()), out, in);
+  const ops::packed_weight pw(wv, kernel);
+  const ops::host_sgemm old = ops::host_sgemm_kernel();
+  ops::set_host_sgemm(kernel);
+  for (auto _ : state) {
+    if (packed) ops::gemm(host{}, make_view(static_cast<const float*>(x.data()), 1, in), pw, make_view(y.data(), 1, out));
+    else ops::gemm(host{}, make_view(static_cast<const float*>(x.data()), 1, in), wv.transpose(0, 1), make_view(y.data(), 1, out));
+    benchmark::DoNotOptimize(y.data());
+  }
+  ops::set_host_sgemm(old);
+  set_bytes(state, double(out * in) * 4);  // the weight streamed once
+}
+
 void BM_attention(benchmark::State& state, model_shape m, bool backward) {
   const index_t b = m.batch, s = m.seq, h = m.heads, kvh = m.kv_heads, hd = m.head_dim();
   auto q = random_floats(std::size_t(b * s * h * hd), 4), k = random_floats(std::size_t(b * s * kvh * hd), 5),
@@ -114,9 +138,6 @@ void BM_attention(benchmark::State& state, model_shape m, bool backward) {
   state.counters["GFLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 
-void set_bytes(benchmark::State& state, double bytes) {
-  state.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
-}
 
 void BM_rmsnorm(benchmark::State& state, model_shape m, bool backward) {
   const index_t n = m.tokens(), d = m.dim;
@@ -202,6 +223,22 @@ void register_all() {
               ->UseRealTime();
       }
     }
+  }
+  const struct {
+    const char* name;
+    index_t out, in;
+  } decode_layers[] = {{"q_o_288x288", 288, 288}, {"w1_768x288", 768, 288}, {"w2_288x768", 288, 768}, {"output_32000x288", 32000, 288}};
+  for (const ops::host_sgemm k : ops::all_host_sgemm) {
+    if (!ops::host_sgemm_supported(k)) {
+      std::printf("skipped: BM_decode/%s (this CPU lacks its instruction set)\n", ops::name(k));
+      continue;
+    }
+    for (const bool packed : {true, false})
+      for (const auto& l : decode_layers)
+        benchmark::RegisterBenchmark((std::string("BM_decode/") + ops::name(k) + (packed ? "/packed/" : "/unpacked/") + l.name).c_str(),
+                                     BM_decode, k, packed, l.out, l.in)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
   }
   for (const model_shape& m : models) {
     const std::string s = std::string("/") + m.name;

@@ -14,6 +14,7 @@
 #include <loom/ops/host/fill.hpp>
 #include <loom/ops/host/gemm.hpp>
 #include <loom/ops/host/norm.hpp>
+#include <loom/ops/host/packed_weight.hpp>
 #include <loom/ops/host/rope.hpp>
 #include <loom/ops/host/softmax.hpp>
 
@@ -720,4 +721,55 @@ TEST_CASE("LOOM_SGEMM: avx512, avx2, blas and auto (the best the CPU has); a ker
   }
   CHECK_THROWS_WITH_AS(ops::detail::parse_host_sgemm("mkl"), doctest::Contains("LOOM_SGEMM='mkl'"), loom::error);
   CHECK_THROWS_WITH_AS(ops::detail::parse_host_sgemm("loom"), doctest::Contains("LOOM_SGEMM='loom'"), loom::error);
+}
+
+TEST_CASE("packed_weight: y = x W^T with W packed once equals ops::gemm on the same kernel (bit for bit on loom's), on 1 and 3 threads; bad shapes are loom::errors") {
+  // m from one decoded token to a prefill chunk; n and k across panel widths (16, 32), N
+  // blocks (512) and K blocks (512); the weight's rows padded (row stride k + 3).
+  const index_t ms[] = {1, 2, 5, 13, 40}, ns[] = {1, 17, 32, 33, 600, 1100}, ks[] = {1, 16, 513, 1030};
+  loom::test::for_each_sgemm_kernel("packed weights", [&](ops::host_sgemm kernel) {
+    int not_same = 0, wrong = 0, not_split_invariant = 0, cases = 0;
+    for (const index_t n : ns)
+      for (const index_t k : ks) {
+        const auto w = to_float(random_vector(n * (k + 3), 100 + n + k));
+        const auto wv = make_view(w.data(), n, k + 3).slice(1, 0, k);
+        const ops::packed_weight pw(wv, kernel);
+        CHECK(pw.kernel() == kernel);
+        for (const index_t m : ms)
+          for (const float beta : {0.f, 0.5f}) {
+            const auto x = to_float(random_vector(m * k, 200 + m));
+            const auto y0 = to_float(random_vector(m * n, 300));
+            auto run = [&](int threads, bool packed) {
+              loom::thread_pool pool(threads);
+              loom::host_pool_scope scope(pool);
+              auto y = y0;
+              if (beta == 0.f) std::fill(y.begin(), y.end(), std::nanf(""));
+              if (packed) ops::gemm(host{}, make_view(x.data(), m, k), pw, make_view(y.data(), m, n), 1.5f, beta);
+              else ops::gemm(host{}, make_view(x.data(), m, k), wv.transpose(0, 1), make_view(y.data(), m, n), 1.5f, beta);
+              return y;
+            };
+            const auto p1 = run(1, true), p3 = run(3, true), u1 = run(1, false);
+            ++cases;
+            if (loom::test::split_invariant(kernel)) not_same += p1 != u1, not_split_invariant += p1 != p3;
+            for (index_t i = 0; i < m; ++i)
+              for (index_t j = 0; j < n; ++j) {
+                double sum = 0, mag = 0;
+                for (index_t q = 0; q < k; ++q) sum += double(x[std::size_t(i * k + q)]) * double(wv(j, q)), mag += std::abs(double(x[std::size_t(i * k + q)]) * double(wv(j, q)));
+                const double want = 1.5 * sum + double(beta) * double(y0[std::size_t(i * n + j)]);
+                wrong += !(std::abs(double(p3[std::size_t(i * n + j)]) - want) <= 1e-5 * (1 + mag + std::abs(want)));
+              }
+          }
+      }
+    INFO(cases, " products");
+    CHECK(not_same == 0);
+    CHECK(not_split_invariant == 0);
+    CHECK(wrong == 0);
+  });
+  const auto w = to_float(random_vector(8 * 6, 1));
+  const ops::packed_weight pw(make_view(w.data(), 8, 6));
+  std::vector<float> x(3 * 5), y(3 * 8);
+  CHECK_THROWS_WITH_AS(ops::gemm(host{}, make_view(as_const(x).data(), 3, 5), pw, make_view(y.data(), 3, 8)),
+                       doctest::Contains("x has 5 features"), loom::error);
+  CHECK_THROWS_WITH_AS(ops::gemm(host{}, make_view(as_const(x).data(), 3, 6).slice(0, 0, 2), pw, make_view(y.data(), 3, 8)),
+                       doctest::Contains("y has shape"), loom::error);
 }

@@ -177,6 +177,58 @@ inline void sgemm_blocked(index_t m, index_t n, index_t k, float alpha, const fl
   }
 }
 
+/// Where K::pack_b / sgemm_pack_bt put B's panels when B is packed once for many products
+/// (ops::packed_weight): block (kb, jb), the K block kb and N block jb, holds
+/// [ceil(nc / nr)][kc][nr] floats at offset(kb, jb), blocks in kb-major order.
+template <sgemm_isa K>
+struct sgemm_packed_layout {
+  index_t n = 0, k = 0;
+  index_t k_blocks() const noexcept { return (k + sgemm_kc - 1) / sgemm_kc; }
+  index_t n_blocks() const noexcept { return (n + K::nc - 1) / K::nc; }
+  index_t panels() const noexcept { return (n + K::nr - 1) / K::nr; }
+  index_t kc(index_t kb) const noexcept { return std::min(sgemm_kc, k - kb * sgemm_kc); }
+  index_t nc(index_t jb) const noexcept { return std::min(K::nc, n - jb * K::nc); }
+  /// Floats of all of K block kb: every N block's panels.
+  index_t k_block_floats(index_t kb) const noexcept { return kc(kb) * panels() * K::nr; }
+  index_t offset(index_t kb, index_t jb) const noexcept {
+    return kb * sgemm_kc * panels() * K::nr + kc(kb) * jb * K::nc;  // earlier K blocks are all full
+  }
+  index_t floats() const noexcept { return k > 0 ? offset(k_blocks() - 1, 0) + k_block_floats(k_blocks() - 1) : 0; }
+};
+
+/// Packs B^T (w [n, k] row-major: y = x w^T) into sgemm_packed_layout<K>.
+template <sgemm_isa K>
+inline void sgemm_pack_weight(const float* w, index_t ldw, index_t n, index_t k, float* dst) {
+  const sgemm_packed_layout<K> L{n, k};
+  for (index_t kb = 0; kb < L.k_blocks(); ++kb)
+    for (index_t jb = 0; jb < L.n_blocks(); ++jb)
+      sgemm_pack_bt<K>(w, ldw, kb * sgemm_kc, L.kc(kb), jb * K::nc, L.nc(jb), dst + L.offset(kb, jb));
+}
+
+/// C[0:m, panels [p0, p1)] = alpha A B + beta C with B packed by sgemm_pack_weight (A
+/// row-major, lda apart): the same micro-kernel calls, K blocks and rule as sgemm(), so the
+/// same bits, without copying B.
+template <sgemm_isa K>
+inline void sgemm_prepacked(index_t m, index_t n, index_t k, float alpha, const float* a, index_t lda,
+                            const float* packed, index_t p0, index_t p1, float beta, float* c, index_t ldc) {
+  const sgemm_packed_layout<K> L{n, k};
+  const bool aliased_rows = lda % 1024 == 0;
+  const index_t per_block = K::nc / K::nr;  // panels of a full N block
+  for (index_t kb = 0; kb < L.k_blocks(); ++kb) {
+    const index_t kc = L.kc(kb);
+    const float beta_k = kb == 0 ? beta : 1.f;
+    for (index_t jb = p0 / per_block; jb * per_block < p1; ++jb) {
+      const index_t q0 = std::max(p0, jb * per_block), q1 = std::min(p1, (jb + 1) * per_block);
+      const index_t j0 = q0 * K::nr, nc = std::min(n, q1 * K::nr) - j0;
+      const float* bp = packed + L.offset(kb, jb) + (q0 - jb * per_block) * kc * K::nr;
+      if (aliased_rows)
+        sgemm_rows<K, K::mr_aliased, false>(m, nc, kc, alpha, a + kb * sgemm_kc, lda, bp, beta_k, c + j0, ldc, nullptr);
+      else
+        sgemm_rows<K, K::mr, false>(m, nc, kc, alpha, a + kb * sgemm_kc, lda, bp, beta_k, c + j0, ldc, nullptr);
+    }
+  }
+}
+
 /// C[m, n] = alpha op(A) op(B) + beta C on kernel K, row-major as cblas_sgemm(CblasRowMajor,
 /// ...): A(i, k) = a[i * lda + k], or a[k * lda + i] when a_trans; B(k, j) = b[k * ldb + j],
 /// or b[j * ldb + k] when b_trans. Requires m, n, k > 0 and K::supported().
