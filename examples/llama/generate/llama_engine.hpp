@@ -9,12 +9,25 @@
 // normalised, projected to logits and sampled. All activation buffers are sized once, for the
 // scheduler's token budget: the step loop allocates nothing but the scheduler's small vectors.
 //
+// Kernels: the training model's host kernels (ops::rmsnorm_forward, ops::rope_forward with
+// per-token positions, ops::swiglu_forward, ops::add, ops::embedding_forward) and its GEMM
+// kernel, with every weight packed once when the engine is made (ops::packed_weight): the
+// same bits as the training GEMMs, no per-step copy of the weights, and each row's result the
+// same whatever the batch it is computed in (loom's sgemm kernels; on the BLAS path of CPUs
+// without AVX2 only within rounding), so paged, batched and one-token runs agree bit for bit.
+//
 // The engine is single-threaded; llama-serve drives it from one thread and feeds it requests
 // from many.
 
 #include "llama_infer_model.hpp"
 
 #include <loom/kv/block_allocator.hpp>
+#include <loom/ops/host/activation.hpp>
+#include <loom/ops/host/embedding.hpp>
+#include <loom/ops/host/fill.hpp>
+#include <loom/ops/host/norm.hpp>
+#include <loom/ops/host/packed_weight.hpp>
+#include <loom/ops/host/rope.hpp>
 #include <loom/kv/paged_attention.hpp>
 #include <loom/kv/paged_kv_cache.hpp>
 #include <loom/kv/sampler.hpp>
@@ -46,6 +59,14 @@ class llama_engine {
         sched_(cfg_.scheduler, alloc_),
         rope_(w.config.max_seq_len, w.config.head_dim(), w.config.rope_theta) {
     const auto& c = w.config;
+    auto pack = [](const loom::buffer<float>& m, std::int64_t rows, std::int64_t cols) {
+      return loom::ops::packed_weight(loom::make_view(m.data(), rows, cols));
+    };
+    for (const layer_weights& L : w.layers)
+      packed_.push_back({pack(L.wq, c.dim, c.dim), pack(L.wk, c.kv_dim(), c.dim), pack(L.wv, c.kv_dim(), c.dim),
+                         pack(L.wo, c.dim, c.dim), pack(L.w1, c.hidden_dim, c.dim), pack(L.w2, c.dim, c.hidden_dim),
+                         pack(L.w3, c.hidden_dim, c.dim)});
+    classifier_ = loom::ops::packed_weight(loom::make_view(w.classifier(), c.vocab_size, c.dim));
     const auto T = static_cast<std::size_t>(cfg_.scheduler.max_num_batched_tokens);
     const auto S = static_cast<std::size_t>(cfg_.scheduler.max_num_seqs);
     x_ = loom::buffer<float>(T * c.dim);
@@ -56,7 +77,10 @@ class llama_engine {
     att_ = loom::buffer<float>(T * c.dim);
     h1_ = loom::buffer<float>(T * c.hidden_dim);
     h3_ = loom::buffer<float>(T * c.hidden_dim);
+    hs_ = loom::buffer<float>(T * c.hidden_dim);
+    rstd_ = loom::buffer<float>(T);
     last_ = loom::buffer<float>(S * c.dim);
+    lastn_ = loom::buffer<float>(S * c.dim);
     logits_ = loom::buffer<float>(S * c.vocab_size);
     raw_logits_ = loom::buffer<float>(S * c.vocab_size);
   }
@@ -66,6 +90,12 @@ class llama_engine {
   loom::kv::scheduler& scheduler() noexcept { return sched_; }
   loom::kv::block_allocator& allocator() noexcept { return alloc_; }
   std::size_t kv_bytes() const noexcept { return cache_.bytes(); }
+  /// Bytes of the packed copies of the weights the engine made.
+  std::size_t packed_weight_bytes() const noexcept {
+    std::size_t b = classifier_.bytes();
+    for (const auto& L : packed_) b += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w1.bytes() + L.w2.bytes() + L.w3.bytes();
+    return b;
+  }
   std::int64_t tokens_computed() const noexcept { return tokens_computed_; }
   std::int64_t steps() const noexcept { return steps_; }
   /// Logits [vocab] of the i-th sampled sequence of the last step (before sampling changed them).
@@ -130,64 +160,77 @@ class llama_engine {
   }
 
   void forward(const loom::kv::step_plan& plan) {
+    using loom::host;
     using loom::index_t;
+    using loom::make_view;
+    namespace ops = loom::ops;
     const llama_config& c = w_->config;
-    const std::int64_t T = plan.num_tokens(), D = c.dim, KD = c.kv_dim(), H = c.hidden_dim, hd = c.head_dim();
-    float* x = x_.data();
-    for (std::int64_t t = 0; t < T; ++t) {
-      const float* e = w_->tok_embeddings.data() + static_cast<std::int64_t>(plan.token_ids[static_cast<std::size_t>(t)]) * D;
-      std::copy(e, e + D, x + t * D);
-    }
+    const index_t T = plan.num_tokens(), D = c.dim, KD = c.kv_dim(), H = c.hidden_dim, hd = c.head_dim();
+    const auto style = c.rope_interleaved ? ops::rope_style::interleaved : ops::rope_style::half_split;
+    const std::span<const std::int64_t> positions(plan.positions.data(), static_cast<std::size_t>(T));
+    const auto cv = [](const loom::buffer<float>& b, index_t rows, index_t cols) {
+      return make_view(static_cast<const float*>(b.data()), rows, cols);
+    };
+    auto x = make_view(x_.data(), T, D), xb = make_view(xb_.data(), T, D);
+    auto rstd = make_view(rstd_.data(), T);
+    ops::embedding_forward(host{}, make_view(plan.token_ids.data(), T), cv(w_->tok_embeddings, c.vocab_size, D), x);
     for (std::int32_t l = 0; l < c.n_layers; ++l) {
       const layer_weights& L = w_->layers[static_cast<std::size_t>(l)];
-      kernels::rmsnorm(x, L.attn_norm.data(), xb_.data(), T, D, c.norm_eps);
-      kernels::matmul(xb_.data(), L.wq.data(), q_.data(), T, D, D);
-      kernels::matmul(xb_.data(), L.wk.data(), k_.data(), T, D, KD);
-      kernels::matmul(xb_.data(), L.wv.data(), v_.data(), T, D, KD);
-      for (std::int64_t t = 0; t < T; ++t) {
-        const std::int64_t p = plan.positions[static_cast<std::size_t>(t)];
-        rope_.apply(q_.data() + t * D, c.n_heads, p, c.rope_interleaved);
-        rope_.apply(k_.data() + t * KD, c.n_kv_heads, p, c.rope_interleaved);
-      }
+      const packed_layer& P = packed_[static_cast<std::size_t>(l)];
+      ops::rmsnorm_forward(host{}, cv(x_, T, D), make_view(L.attn_norm.data(), D), xb, rstd, c.norm_eps);
+      ops::gemm(host{}, cv(xb_, T, D), P.wq, make_view(q_.data(), T, D));
+      ops::gemm(host{}, cv(xb_, T, D), P.wk, make_view(k_.data(), T, KD));
+      ops::gemm(host{}, cv(xb_, T, D), P.wv, make_view(v_.data(), T, KD));
+      ops::rope_forward(host{}, make_view(q_.data(), T, c.n_heads, hd), rope_, style, positions);
+      ops::rope_forward(host{}, make_view(k_.data(), T, c.n_kv_heads, hd), rope_, style, positions);
       auto layer = cache_.layer(l);
-      loom::kv::append_paged_kv_cache(loom::host{}, loom::make_view<loom::host>(static_cast<const float*>(k_.data()), T, c.n_kv_heads, hd),
-                                      loom::make_view<loom::host>(static_cast<const float*>(v_.data()), T, c.n_kv_heads, hd),
+      loom::kv::append_paged_kv_cache(host{}, make_view<host>(static_cast<const float*>(k_.data()), T, c.n_kv_heads, hd),
+                                      make_view<host>(static_cast<const float*>(v_.data()), T, c.n_kv_heads, hd),
                                       plan.batch_indices, plan.positions, layer, plan.csr);
-      loom::kv::batch_prefill_with_paged_kv_cache(
-          loom::host{}, loom::make_view<loom::host>(static_cast<const float*>(q_.data()), T, c.n_heads, hd), plan.qo_indptr,
-          layer, plan.csr, loom::make_view<loom::host>(att_.data(), T, c.n_heads, hd));
-      kernels::matmul(att_.data(), L.wo.data(), xb_.data(), T, D, D);
-      for (std::int64_t i = 0; i < T * D; ++i) x[i] += xb_[static_cast<std::size_t>(i)];
-      kernels::rmsnorm(x, L.ffn_norm.data(), xb_.data(), T, D, c.norm_eps);
-      kernels::matmul(xb_.data(), L.w1.data(), h1_.data(), T, D, H);
-      kernels::matmul(xb_.data(), L.w3.data(), h3_.data(), T, D, H);
-      kernels::swiglu(h1_.data(), h3_.data(), T * H);
-      kernels::matmul(h1_.data(), L.w2.data(), xb_.data(), T, H, D);
-      for (std::int64_t i = 0; i < T * D; ++i) x[i] += xb_[static_cast<std::size_t>(i)];
+      loom::kv::batch_prefill_with_paged_kv_cache(host{}, make_view<host>(static_cast<const float*>(q_.data()), T, c.n_heads, hd),
+                                                  plan.qo_indptr, layer, plan.csr, make_view<host>(att_.data(), T, c.n_heads, hd));
+      ops::gemm(host{}, cv(att_, T, D), P.wo, xb);
+      ops::add(host{}, make_view(x_.data(), T * D), make_view(static_cast<const float*>(xb_.data()), T * D));
+      ops::rmsnorm_forward(host{}, cv(x_, T, D), make_view(L.ffn_norm.data(), D), xb, rstd, c.norm_eps);
+      ops::gemm(host{}, cv(xb_, T, D), P.w1, make_view(h1_.data(), T, H));
+      ops::gemm(host{}, cv(xb_, T, D), P.w3, make_view(h3_.data(), T, H));
+      ops::swiglu_forward(host{}, make_view(static_cast<const float*>(h1_.data()), T * H),
+                          make_view(static_cast<const float*>(h3_.data()), T * H), make_view(hs_.data(), T * H));
+      ops::gemm(host{}, cv(hs_, T, H), P.w2, xb);
+      ops::add(host{}, make_view(x_.data(), T * D), make_view(static_cast<const float*>(xb_.data()), T * D));
     }
     // Logits only for the rows that are sampled: the last row of each finishing chunk.
-    std::int64_t rows = 0;
+    index_t rows = 0;
     for (std::size_t b = 0; b < plan.chunks.size(); ++b)
       if (plan.chunks[b].samples) {
-        const std::int64_t r = plan.qo_indptr[b + 1] - 1;
-        std::copy(x + r * D, x + (r + 1) * D, last_.data() + rows++ * D);
+        const index_t r = plan.qo_indptr[b + 1] - 1;
+        std::copy(x_.data() + r * D, x_.data() + (r + 1) * D, last_.data() + rows++ * D);
       }
-    kernels::rmsnorm(last_.data(), w_->norm.data(), last_.data(), rows, D, c.norm_eps);
-    kernels::matmul(last_.data(), w_->classifier(), logits_.data(), rows, D, c.vocab_size);
+    if (rows == 0) return;
+    ops::rmsnorm_forward(host{}, cv(last_, rows, D), make_view(w_->norm.data(), D), make_view(lastn_.data(), rows, D),
+                         make_view(rstd_.data(), rows), c.norm_eps);
+    ops::gemm(host{}, cv(lastn_, rows, D), classifier_, make_view(logits_.data(), rows, c.vocab_size));
   }
+
+  struct packed_layer {
+    loom::ops::packed_weight wq, wk, wv, wo, w1, w2, w3;
+  };
 
   const llama_weights* w_;
   engine_config cfg_;
   loom::kv::block_allocator alloc_;
   loom::kv::paged_kv_cache<KV> cache_;
   loom::kv::scheduler sched_;
-  kernels::rope_table rope_;
+  loom::ops::rope_table<float> rope_;
+  std::vector<packed_layer> packed_;     // the weights, packed once for the GEMMs
+  loom::ops::packed_weight classifier_;
   loom::kv::sampler sampler_;
   // Activations for up to max_num_batched_tokens tokens:
   loom::buffer<float> x_, xb_, q_, att_;  // [tokens, dim]
   loom::buffer<float> k_, v_;             // [tokens, kv_dim]
-  loom::buffer<float> h1_, h3_;           // [tokens, hidden_dim]
-  loom::buffer<float> last_;              // [seqs, dim]
+  loom::buffer<float> h1_, h3_, hs_;      // [tokens, hidden_dim]: gate, up, silu(gate) * up
+  loom::buffer<float> rstd_;              // [tokens]
+  loom::buffer<float> last_, lastn_;      // [seqs, dim]: the sampled rows, normalised
   loom::buffer<float> logits_;            // [seqs, vocab]
   loom::buffer<float> raw_logits_;        // [seqs, vocab] before penalties and temperature
   std::vector<loom::kv::token_id> sampled_;

@@ -1,14 +1,9 @@
 #pragma once
-// LLaMA for inference: configuration, fp32 weights, and the small host kernels of its forward
-// (row-wise matmul, RMSNorm, rotary embedding, SwiGLU).
-//
-// Why its own kernels: the generator must not depend on the training model's layout, and
-// paged generation is checked token for token against a contiguous-KV reference. Every kernel
-// here computes each output row with a fixed summation order (8 independent partial sums
-// combined in a fixed order), so a token's result does not depend on how many other tokens
-// share the batch: batched, chunked and one-at-a-time runs agree bit for bit, and the
-// comparison can demand equality rather than a tolerance. (When loom's ops/host kernels land,
-// the engine can call them instead; they are a drop-in for these.)
+// LLaMA for inference: configuration and fp32 weights as the checkpoint loaders fill them. The
+// forward is llama_engine's, on the training model's host kernels (ops/host) and GEMMs with
+// the weights packed once (ops::packed_weight); this file keeps no kernel of its own.
+// (Still to come: one config and one weight layout with the training model, so that the
+// engine runs the decoder's layers themselves; docs/decoder.md.)
 //
 // Weight layout (as PyTorch / HF / llama2.c store them): matrices are [out, in] row-major.
 
@@ -123,75 +118,4 @@ struct llama_weights {
   }
 };
 
-namespace kernels {
-
-/// dot(a, b) over n elements with 8 partial sums combined in a fixed order (vectorisable
-/// without -ffast-math, and independent of the caller's batch).
-inline float dot(const float* LOOM_RESTRICT a, const float* LOOM_RESTRICT b, std::int64_t n) noexcept {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  for (; i < n; ++i) acc[i & 7] += a[i] * b[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-/// out[t, o] = sum_i x[t, i] * w[o, i]   x: [rows, in], w: [out_dim, in], out: [rows, out_dim]
-inline void matmul(const float* x, const float* w, float* out, std::int64_t rows, std::int64_t in, std::int64_t out_dim) {
-  constexpr std::int64_t tile = 64;  // rows of w kept hot in cache while all x rows pass
-  for (std::int64_t o0 = 0; o0 < out_dim; o0 += tile) {
-    const std::int64_t o1 = o0 + tile < out_dim ? o0 + tile : out_dim;
-    for (std::int64_t t = 0; t < rows; ++t)
-      for (std::int64_t o = o0; o < o1; ++o) out[t * out_dim + o] = dot(x + t * in, w + o * in, in);
-  }
-}
-
-/// out[t] = x[t] / rms(x[t]) * g     x, out: [rows, n]
-inline void rmsnorm(const float* x, const float* g, float* out, std::int64_t rows, std::int64_t n, float eps) {
-  for (std::int64_t t = 0; t < rows; ++t) {
-    const float ss = dot(x + t * n, x + t * n, n);
-    const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
-    for (std::int64_t i = 0; i < n; ++i) out[t * n + i] = x[t * n + i] * r * g[i];
-  }
-}
-
-/// Precomputed cos/sin of every position and frequency: [max_seq_len, head_dim / 2] each.
-struct rope_table {
-  std::vector<float> cos, sin;
-  std::int32_t half = 0;
-  rope_table() = default;
-  rope_table(std::int32_t max_len, std::int32_t head_dim, float theta) : half(head_dim / 2) {
-    cos.resize(static_cast<std::size_t>(max_len) * static_cast<std::size_t>(half));
-    sin.resize(cos.size());
-    for (std::int32_t p = 0; p < max_len; ++p)
-      for (std::int32_t i = 0; i < half; ++i) {
-        const double freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
-        const double a = p * freq;
-        cos[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-        sin[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
-      }
-  }
-  /// Rotates every head of x [heads, head_dim] for position p.
-  void apply(float* x, std::int32_t heads, std::int64_t p, bool interleaved) const {
-    const float* c = cos.data() + p * half;
-    const float* s = sin.data() + p * half;
-    for (std::int32_t h = 0; h < heads; ++h) {
-      float* v = x + static_cast<std::int64_t>(h) * 2 * half;
-      for (std::int32_t i = 0; i < half; ++i) {
-        float& a = interleaved ? v[2 * i] : v[i];
-        float& b = interleaved ? v[2 * i + 1] : v[i + half];
-        const float a0 = a, b0 = b;
-        a = a0 * c[i] - b0 * s[i];
-        b = a0 * s[i] + b0 * c[i];
-      }
-    }
-  }
-};
-
-/// h1 = silu(h1) * h3 elementwise.
-inline void swiglu(float* h1, const float* h3, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) h1[i] = h1[i] / (1.f + std::exp(-h1[i])) * h3[i];
-}
-
-}  // namespace kernels
 }  // namespace llama

@@ -264,6 +264,33 @@ TEST_CASE("rope: both conventions against complex rotation, backward inverts for
   CHECK_THROWS_AS(ops::rope_table<float>(8, 7, 1e4), loom::error);
 }
 
+TEST_CASE("rope with per-token positions (ragged inference batches) against complex rotation; a position past the table is a loom::error") {
+  const index_t n = 7, h = 3, hd = 8;
+  const double theta = 500000.0;
+  ops::rope_table<double> table(64, hd, theta);
+  const std::vector<std::int64_t> pos{0, 5, 63, 5, 17, 1, 40};
+  const vec x0 = random_vector(n * h * hd, 12);
+  for (auto style : {ops::rope_style::interleaved, ops::rope_style::half_split}) {
+    vec x = x0;
+    ops::rope_forward(host{}, make_view(x.data(), n, h, hd), table, style, std::span<const std::int64_t>(pos));
+    for (index_t t = 0; t < n; ++t)
+      for (index_t hi = 0; hi < h; ++hi)
+        for (index_t i = 0; i < hd / 2; ++i) {
+          const index_t base = (t * h + hi) * hd;
+          const index_t i0 = style == ops::rope_style::interleaved ? base + 2 * i : base + i;
+          const index_t i1 = style == ops::rope_style::interleaved ? base + 2 * i + 1 : base + i + hd / 2;
+          const double ang = double(pos[std::size_t(t)]) / std::pow(theta, double(2 * i) / double(hd));
+          CHECK(x[i0] == doctest::Approx(x0[i0] * std::cos(ang) - x0[i1] * std::sin(ang)).epsilon(1e-12));
+          CHECK(x[i1] == doctest::Approx(x0[i0] * std::sin(ang) + x0[i1] * std::cos(ang)).epsilon(1e-12));
+        }
+  }
+  vec x = x0;
+  const std::vector<std::int64_t> bad{0, 1, 2, 64, 0, 0, 0};
+  CHECK_THROWS_WITH_AS(ops::rope_forward(host{}, make_view(x.data(), n, h, hd), table, ops::rope_style::interleaved,
+                                         std::span<const std::int64_t>(bad)),
+                       doctest::Contains("token 3 has position 64"), loom::error);
+}
+
 TEST_CASE("softmax: forward against exp/sum, backward against finite differences") {
   const index_t n = 4, d = 7;
   vec x = random_vector(n * d, 11, 3.0), r = random_vector(n * d, 12), y(n * d);

@@ -13,6 +13,8 @@
 #include <loom/ops/host/common.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <span>
 
 namespace loom::ops {
 
@@ -46,6 +48,30 @@ struct rope_table {
 };
 
 namespace detail {
+/// Rotates the `heads` vectors of one token (v: [heads, head_dim]) by the table row of its
+/// position (c, sn: cos and sin); sign -1 rotates back.
+template <compute_type T>
+inline void rope_token(T* v, index_t heads, index_t hd, const T* c, const T* sn, rope_style style, T sign) {
+  const index_t half = hd / 2;
+  for (index_t hi = 0; hi < heads; ++hi, v += hd) {
+    if (style == rope_style::interleaved) {
+      LOOM_SIMD
+      for (index_t i = 0; i < half; ++i) {
+        const T a = v[2 * i], bb = v[2 * i + 1], si = sign * sn[i];
+        v[2 * i] = a * c[i] - bb * si;
+        v[2 * i + 1] = a * si + bb * c[i];
+      }
+    } else {
+      LOOM_SIMD
+      for (index_t i = 0; i < half; ++i) {
+        const T a = v[i], bb = v[i + half], si = sign * sn[i];
+        v[i] = a * c[i] - bb * si;
+        v[i + half] = a * si + bb * c[i];
+      }
+    }
+  }
+}
+
 template <compute_type T>
 inline void rope_rotate(tensor_view<T, host, 4> x, const rope_table<T>& table, rope_style style, index_t pos0, T sign,
                         const char* fn) {
@@ -56,31 +82,34 @@ inline void rope_rotate(tensor_view<T, host, 4> x, const rope_table<T>& table, r
              ") exceed the table's max_seq=", table.max_seq);
   detail::parallel_rows(b * s, rows_grain(h * hd), [&](index_t row0, index_t row1) {
     for (index_t row = row0; row < row1; ++row) {
-      const index_t bi = row / s, t = row % s;
-      const T* c = table.cos.data() + (pos0 + t) * half;
-      const T* sn = table.sin.data() + (pos0 + t) * half;
-      for (index_t hi = 0; hi < h; ++hi) {
-        T* v = x.data() + ((bi * s + t) * h + hi) * hd;
-        if (style == rope_style::interleaved) {
-          LOOM_SIMD
-          for (index_t i = 0; i < half; ++i) {
-            const T a = v[2 * i], bb = v[2 * i + 1], si = sign * sn[i];
-            v[2 * i] = a * c[i] - bb * si;
-            v[2 * i + 1] = a * si + bb * c[i];
-          }
-        } else {
-          LOOM_SIMD
-          for (index_t i = 0; i < half; ++i) {
-            const T a = v[i], bb = v[i + half], si = sign * sn[i];
-            v[i] = a * c[i] - bb * si;
-            v[i + half] = a * si + bb * c[i];
-          }
-        }
-      }
+      const index_t t = row % s;
+      rope_token(x.data() + row * h * hd, h, hd, table.cos.data() + (pos0 + t) * half, table.sin.data() + (pos0 + t) * half,
+                 style, sign);
     }
   });
 }
 }  // namespace detail
+
+/// Rotates x [tokens, heads, head_dim] in place, token i at positions[i]: the ragged batches of
+/// inference (prefill chunks and decode tokens of many sequences in one step).
+template <compute_type T>
+inline void rope_forward(host, tensor_view<T, host, 3> x, const rope_table<T>& table, rope_style style,
+                         std::span<const std::int64_t> positions) {
+  const char* fn = "ops::rope_forward";
+  const index_t n = x.extent(0), h = x.extent(1), hd = x.extent(2), half = hd / 2;
+  detail::require_contiguous(x, fn, "x");
+  LOOM_CHECK(hd == table.head_dim, fn, ": head_dim of x (", hd, ") differs from the table's (", table.head_dim, ")");
+  LOOM_CHECK(static_cast<index_t>(positions.size()) == n, fn, ": ", positions.size(), " positions for ", n, " tokens");
+  for (index_t i = 0; i < n; ++i)
+    LOOM_CHECK(positions[static_cast<std::size_t>(i)] >= 0 && positions[static_cast<std::size_t>(i)] < table.max_seq, fn,
+               ": token ", i, " has position ", positions[static_cast<std::size_t>(i)], " outside [0, ", table.max_seq, ")");
+  detail::parallel_rows(n, detail::rows_grain(h * hd), [&](index_t r0, index_t r1) {
+    for (index_t i = r0; i < r1; ++i) {
+      const index_t p = positions[static_cast<std::size_t>(i)];
+      detail::rope_token(x.data() + i * h * hd, h, hd, table.cos.data() + p * half, table.sin.data() + p * half, style, T(1));
+    }
+  });
+}
 
 /// Rotates x [batch, seq, heads, head_dim] in place; token t has position pos0 + t.
 template <compute_type T>
