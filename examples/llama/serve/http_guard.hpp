@@ -55,7 +55,7 @@ struct limits {
 class connection {
  public:
   enum class phase { idle, reading, working };
-  explicit connection(int fd) : fd_(fd) {}
+  explicit connection(int fd) : fd_(fd) { set_phase(phase::idle); }
 
   /// The handler has its request and now works on it: no read deadline, never evicted.
   void begin_work() { set_phase(phase::working); }
@@ -97,6 +97,8 @@ class stream final : public httplib::Stream {
     in_headers_ = true;
   }
   void end_headers() noexcept { in_headers_ = false; }
+  /// False when the last request's line or headers never arrived whole (cut, too big, late).
+  bool headers_read() const noexcept { return !in_headers_; }
 
   bool is_readable() const override { return pos_ < end_ || wait(POLLIN, read_deadline()); }
   bool is_writable() const override {
@@ -179,7 +181,11 @@ class stream final : public httplib::Stream {
 class server : public httplib::Server {
  public:
   explicit server(limits l = {}) : lim_(l) {
-    new_task_queue = [this] { return new pool(*this, static_cast<std::size_t>(std::max(1, lim_.threads))); };
+    new_task_queue = [this] {
+      auto* p = new pool(*this, static_cast<std::size_t>(std::max(1, lim_.threads)));
+      pool_ = p;
+      return p;
+    };
   }
   const limits& config() const noexcept { return lim_; }
 
@@ -194,8 +200,8 @@ class server : public httplib::Server {
   }
 
  private:
-  // Threads taking accepted connections; when a connection arrives and no thread is free,
-  // the connection that has waited longest for request bytes is closed to free one.
+  // Threads taking accepted connections. Every connection waiting for a thread is owed one:
+  // the connection that has waited longest for request bytes is closed to free it.
   class pool final : public httplib::TaskQueue {
    public:
     pool(server& s, std::size_t n) : s_(s) {
@@ -209,9 +215,15 @@ class server : public httplib::Server {
         full = jobs_.size() > idle_;
       }
       cv_.notify_one();
-      if (full) s_.evict_oldest();
+      if (full) s_.make_room();
+    }
+    /// Connections waiting for a thread beyond the threads about to take them.
+    std::ptrdiff_t backlog() {
+      std::lock_guard g(mu_);
+      return static_cast<std::ptrdiff_t>(jobs_.size()) - static_cast<std::ptrdiff_t>(idle_);
     }
     void shutdown() override {
+      s_.pool_ = nullptr;
       {
         std::lock_guard g(mu_);
         stop_ = true;
@@ -251,6 +263,7 @@ class server : public httplib::Server {
     }
     stream s(c, lim_);
     current_ = &c;
+    make_room();  // connections accepted in a burst may still wait behind this one
     bool ok = true;
     for (int left = lim_.max_requests_per_connection; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
       c.set_phase(connection::phase::idle);
@@ -259,7 +272,8 @@ class server : public httplib::Server {
       s.begin_request();
       bool closed = false;
       ok = process_request(s, left == 1, closed, [&s](httplib::Request&) { s.end_headers(); });
-      if (!ok || closed || c.close_after_ || c.evicted_) break;
+      // A request whose headers did not arrive got a 400: whatever follows is not a request.
+      if (!ok || closed || !s.headers_read() || c.close_after_ || c.evicted_) break;
     }
     current_ = nullptr;
     {
@@ -272,14 +286,20 @@ class server : public httplib::Server {
     return ok;
   }
 
-  void evict_oldest() {
+  // Evicts as many connections as wait for a thread, less those already being evicted,
+  // oldest in waiting first; connections at work are never evicted.
+  void make_room() {
+    pool* p = pool_;
+    std::ptrdiff_t need = p ? p->backlog() : 0;
     std::lock_guard g(mu_);
-    connection* oldest = nullptr;
-    for (connection* c : live_) {
-      if (c->phase_ == connection::phase::working || c->evicted_) continue;
-      if (!oldest || c->since_ < oldest->since_) oldest = c;
-    }
-    if (oldest) {
+    for (connection* c : live_) need -= c->evicted_ ? 1 : 0;
+    for (; need > 0; --need) {
+      connection* oldest = nullptr;
+      for (connection* c : live_) {
+        if (c->phase_ == connection::phase::working || c->evicted_) continue;
+        if (!oldest || c->since_ < oldest->since_) oldest = c;
+      }
+      if (!oldest) break;
       evict(*oldest);
       ++evictions_;
     }
@@ -291,6 +311,7 @@ class server : public httplib::Server {
   }
 
   limits lim_;
+  std::atomic<pool*> pool_{nullptr};  // while listening
   std::mutex mu_;
   std::vector<connection*> live_;
   std::atomic<std::int64_t> evictions_{0};

@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
     else if (a == "--max-body-bytes") opt.max_body_bytes = in_range<std::size_t>(a, next(), 1, 1ll << 40);
     else if (a == "--max-tokens") opt.max_tokens_limit = in_range<std::int32_t>(a, next(), 1, INT32_MAX);
     else if (a == "--max-concurrent") opt.max_in_flight = in_range<std::int32_t>(a, next(), 1, 1 << 16);
-    else if (a == "--request-timeout") opt.request_timeout_s = in_range<std::int32_t>(a, next(), 1, 7 * 24 * 3600);
+    else if (a == "--request-timeout") opt.request_timeout = std::chrono::seconds(in_range<int>(a, next(), 1, 7 * 24 * 3600));
     else if (a == "--read-timeout") opt.http.read_timeout = std::chrono::seconds(in_range<int>(a, next(), 1, 3600));
     else if (a == "--http-threads") opt.http.threads = in_range<std::int32_t>(a, next(), 2, 1 << 16), threads_given = true;
     else return false;

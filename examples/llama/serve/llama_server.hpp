@@ -18,7 +18,7 @@
 // gigabytes); at most max_in_flight requests are admitted (503 above, Retry-After); a prompt
 // is checked against the context before it is tokenized; every number is range-checked and
 // max_tokens capped (400 naming the field); a request whose client leaves, or which runs past
-// request_timeout_s, is cancelled and its KV blocks freed; slow or idle connections cannot
+// request_timeout, is cancelled and its KV blocks freed; slow or idle connections cannot
 // hold the pool (http_guard.hpp). With api_key set, requests other than GET /health need
 // "Authorization: Bearer <key>" (401). Error replies are JSON {"error": {"message", "type",
 // "code"}} without the source locations loom::error carries; the server keeps serving.
@@ -90,7 +90,7 @@ struct server_options {
   std::int32_t max_tokens_limit = 4096;     ///< most new tokens one request may ask for (400 above)
   std::int32_t max_in_flight = 64;          ///< requests admitted at once (503 above)
   std::size_t max_body_bytes = 8u << 20;    ///< request body, refused (413) before it is read
-  std::int32_t request_timeout_s = 600;     ///< a request still generating after this is cancelled
+  std::chrono::milliseconds request_timeout{std::chrono::seconds(600)};  ///< a request still running then is cancelled
   std::string api_key;                      ///< when set, requests need "Authorization: Bearer <key>"
   http::limits http;                        ///< connection threads, read deadlines, header budget
   int listen_backlog = 1024;                ///< pending connections the kernel queues
@@ -136,7 +136,8 @@ class llama_server {
     LOOM_CHECK(opt_.max_in_flight > 0, "llama_server: max_in_flight must be > 0, got ", opt_.max_in_flight);
     LOOM_CHECK(opt_.max_tokens_limit > 0, "llama_server: max_tokens_limit must be > 0, got ", opt_.max_tokens_limit);
     LOOM_CHECK(opt_.max_body_bytes > 0, "llama_server: max_body_bytes must be > 0, got ", opt_.max_body_bytes);
-    LOOM_CHECK(opt_.request_timeout_s > 0, "llama_server: request_timeout_s must be > 0, got ", opt_.request_timeout_s);
+    LOOM_CHECK(opt_.request_timeout.count() > 0, "llama_server: request_timeout must be > 0, got ",
+               opt_.request_timeout.count(), " ms");
     // Handlers that wait on the engine need threads left over for reading and refusing others.
     LOOM_CHECK(opt_.http.threads > opt_.max_in_flight, "llama_server: http threads (", opt_.http.threads,
                ") must exceed max_in_flight (", opt_.max_in_flight, ")");
@@ -296,6 +297,7 @@ class llama_server {
     std::vector<loom::kv::token_id> prompt;
     std::int32_t max_new = 16;
     loom::kv::sampling_params sampling;
+    bool ignore_eos = false;  // vLLM's extension: generate max_new tokens even past EOS
   };
 
   std::shared_ptr<channel> submit(gen_params p, std::uint64_t& id_out) {
@@ -307,7 +309,7 @@ class llama_server {
     j.req.prompt = std::move(p.prompt);
     j.req.max_new_tokens = p.max_new;
     j.req.sampling = p.sampling;
-    j.req.stop_tokens = {codec_.eos()};
+    if (!p.ignore_eos) j.req.stop_tokens = {codec_.eos()};
     j.ch = ch;
     {
       std::lock_guard lk(mu_);
@@ -325,6 +327,11 @@ class llama_server {
     cv_.notify_all();
   }
 
+  std::string timed_out() const {
+    return "the request did not finish within the request timeout (--request-timeout, " +
+           std::to_string(opt_.request_timeout.count()) + " ms) and was cancelled";
+  }
+
   // Thrown when the client of a whole (non-streamed) response has gone: nothing to send.
   struct client_gone {};
 
@@ -338,8 +345,7 @@ class llama_server {
       if (clock::now() >= deadline) {
         g.unlock();
         abort_request(id);
-        throw http_error(503, "the request did not finish within request_timeout_s=" +
-                                  std::to_string(opt_.request_timeout_s) + " s and was cancelled");
+        throw http_error(503, timed_out());
       }
       if (conn && conn->client_gone()) {
         g.unlock();
@@ -447,6 +453,7 @@ class llama_server {
     else
       p.sampling.seed = static_cast<std::uint64_t>(integer(j, "seed", 0, 0, INT64_MAX));
     p.sampling.validate();
+    p.ignore_eos = boolean(j, "ignore_eos", false);
     const std::int64_t blocks_needed =
         loom::kv::block_table::blocks_for(static_cast<std::int64_t>(p.prompt.size()) + p.max_new, engine_.config().block_size);
     if (blocks_needed > engine_.config().num_blocks)
@@ -614,7 +621,7 @@ class llama_server {
   }
 
   void chatglm(const nlohmann::json& j, httplib::Response& res, std::shared_ptr<slot>) {
-    const auto deadline = clock::now() + std::chrono::seconds(opt_.request_timeout_s);
+    const auto deadline = clock::now() + opt_.request_timeout;
     nlohmann::json history;
     std::string prompt;
     gen_params p = parsing([&] {
@@ -650,7 +657,7 @@ class llama_server {
   }
 
   void openai(const nlohmann::json& j, httplib::Response& res, bool chat, std::shared_ptr<slot> s) {
-    const auto deadline = clock::now() + std::chrono::seconds(opt_.request_timeout_s);
+    const auto deadline = clock::now() + opt_.request_timeout;
     bool stream = false;
     gen_params p = parsing([&] {
       std::string text;
@@ -739,8 +746,7 @@ class llama_server {
           if (fin == loom::kv::finish_reason::none && clock::now() >= deadline) {
             abort_request(id);
             fin = loom::kv::finish_reason::aborted;
-            err = "the request did not finish within request_timeout_s=" + std::to_string(opt_.request_timeout_s) +
-                  " s and was cancelled";
+            err = timed_out();
           }
           std::string out;
           const bool first = *sent == 0;
