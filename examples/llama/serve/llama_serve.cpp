@@ -3,7 +3,11 @@
 #include "llama_cli.hpp"
 #include "llama_server.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <climits>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <pthread.h>
@@ -13,10 +17,27 @@ namespace {
 const char* usage =
     "usage: llama-serve (--checkpoint PATH | --random) [--tokenizer tokenizer.bin] [--host H] [--port P]\n"
     "                   [--blocks N] [--block-size N] [--budget N] [--max-seqs N] [--model-name NAME]\n"
+    "                   [--api-key KEY] [--max-body-bytes N] [--max-tokens N] [--max-concurrent N]\n"
+    "                   [--request-timeout S] [--read-timeout S] [--http-threads N]\n"
     "  POST /                       ChatGLM api.py: {prompt, history, max_length, top_p, temperature}\n"
     "  POST /v1/completions         OpenAI completions (\"stream\": true for server-sent events)\n"
     "  POST /v1/chat/completions    OpenAI chat completions (\"stream\": true for server-sent events)\n"
-    "  Without --tokenizer, text is byte-encoded (id = 3 + byte).\n";
+    "  Without --tokenizer, text is byte-encoded (id = 3 + byte).\n"
+    "  --api-key KEY          requests need 'Authorization: Bearer KEY' (401 otherwise; GET /health is open)\n"
+    "  --max-body-bytes N     larger request bodies are refused with 413 before they are read (8 MiB)\n"
+    "  --max-tokens N         most new tokens one request may ask for (4096)\n"
+    "  --max-concurrent N     requests admitted at once; more get 503 (64)\n"
+    "  --request-timeout S    a request still generating after S seconds is cancelled (600)\n"
+    "  --read-timeout S       a request's line, headers and body must arrive within S seconds (10)\n"
+    "  --http-threads N       connections served at once, > --max-concurrent (128 or 2 x --max-concurrent)\n";
+
+// The value of an integer flag, which must lie in [lo, hi]; a loom::error naming the flag otherwise.
+template <class T>
+T in_range(const std::string& flag, const std::string& v, long long lo, long long hi) {
+  const auto x = examples::cli::number<long long>(flag, v);
+  LOOM_CHECK(x >= lo && x <= hi, "flag ", flag, " must be in [", lo, ", ", hi, "], got ", x);
+  return static_cast<T>(x);
+}
 }
 
 int main(int argc, char** argv) {
@@ -27,17 +48,30 @@ int main(int argc, char** argv) {
   ec.num_blocks = 1024;
   ec.scheduler.max_num_seqs = 64;
   llama::server_options opt;
+  bool threads_given = false;
   using examples::cli::number;
   auto on = [&](const std::string& a, const auto& next) {
     if (model.parse(a, next, ec)) return true;
     if (a == "--host") host = next();
-    else if (a == "--port") port = number<int>(a, next());
+    else if (a == "--port") port = in_range<int>(a, next(), 1, 65535);
     else if (a == "--max-seqs") ec.scheduler.max_num_seqs = number<int>(a, next());
     else if (a == "--model-name") opt.model_name = next();
+    else if (a == "--api-key") opt.api_key = next();
+    else if (a == "--max-body-bytes") opt.max_body_bytes = in_range<std::size_t>(a, next(), 1, 1ll << 40);
+    else if (a == "--max-tokens") opt.max_tokens_limit = in_range<std::int32_t>(a, next(), 1, INT32_MAX);
+    else if (a == "--max-concurrent") opt.max_in_flight = in_range<std::int32_t>(a, next(), 1, 1 << 16);
+    else if (a == "--request-timeout") opt.request_timeout = std::chrono::seconds(in_range<int>(a, next(), 1, 7 * 24 * 3600));
+    else if (a == "--read-timeout") opt.http.read_timeout = std::chrono::seconds(in_range<int>(a, next(), 1, 3600));
+    else if (a == "--http-threads") opt.http.threads = in_range<std::int32_t>(a, next(), 2, 1 << 16), threads_given = true;
     else return false;
     return true;
   };
-  const auto check = [&] { model.validate(); };
+  const auto check = [&] {
+    model.validate();
+    if (!threads_given) opt.http.threads = std::max(opt.http.threads, 2 * opt.max_in_flight);
+    LOOM_CHECK(opt.http.threads > opt.max_in_flight, "flag --http-threads (", opt.http.threads,
+               ") must exceed --max-concurrent (", opt.max_in_flight, "): threads must be left to read and refuse requests");
+  };
   if (const auto rc = examples::cli::command_line(argc, argv, "llama-serve", usage, on, check)) return *rc;
   try {
     llama::llama_config rc;

@@ -8,24 +8,36 @@
 //    "[Round n]\n\n问：...\n\n答：..." template.
 //  - OpenAI-compatible POST /v1/completions and /v1/chat/completions, with "stream": true as
 //    server-sent events ending in "data: [DONE]"; GET /v1/models; GET /health.
-// Threads: HTTP handlers run on httplib's pool (sized for many concurrent clients); they only
-// validate, tokenize and enqueue. One engine thread owns the engine: it admits queued
-// requests, runs steps while there is work, and hands each produced token to its request's
-// channel, which the handler waits on (whole response) or streams from (SSE). So concurrent
-// requests share one continuous batch. A client that disconnects mid-stream is aborted and
-// its blocks are freed. Bad input (malformed JSON, missing or mistyped fields, prompt longer
-// than the context) gets HTTP 400 with a message; the server keeps serving.
+// Threads: HTTP handlers run on the connection pool of http_guard.hpp; they only validate,
+// tokenize and enqueue. One engine thread owns the engine: it admits queued requests, runs
+// steps while there is work, and hands each produced token to its request's channel, which
+// the handler waits on (whole response) or streams from (SSE). So concurrent requests share
+// one continuous batch.
+// Limits (server_options): a request body over max_body_bytes is refused (413) before it is
+// read, compressed or multipart bodies are refused (415: a small gzip body can inflate to
+// gigabytes); at most max_in_flight requests are admitted (503 above, Retry-After); a prompt
+// is checked against the context before it is tokenized; every number is range-checked and
+// max_tokens capped (400 naming the field); a request whose client leaves, or which runs past
+// request_timeout, is cancelled and its KV blocks freed; slow or idle connections cannot
+// hold the pool (http_guard.hpp). With api_key set, requests other than GET /health need
+// "Authorization: Bearer <key>" (401). Error replies are JSON {"error": {"message", "type",
+// "code"}} without the source locations loom::error carries; the server keeps serving.
 
+#include "http_guard.hpp"
 #include "llama_engine.hpp"
 
+#include <loom/data/input.hpp>
+#include <loom/data/json_input.hpp>
 #include <loom/io/llama2c.hpp>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <ctime>
 #include <deque>
 #include <functional>
@@ -46,12 +58,20 @@ namespace llama {
 class text_codec {
  public:
   text_codec() = default;
-  explicit text_codec(const loom::io::llama2c_tokenizer* tok) : tok_(tok) {}
+  explicit text_codec(const loom::io::llama2c_tokenizer* tok) : tok_(tok) {
+    for (std::int32_t id = 0; id < tok_->vocab_size(); ++id) longest_piece_ = std::max(longest_piece_, tok_->piece(id).size());
+  }
   std::vector<loom::kv::token_id> encode(const std::string& s) const {
     if (tok_) return tok_->encode(s);
     std::vector<loom::kv::token_id> ids{1};
     for (unsigned char c : s) ids.push_back(3 + c);
     return ids;
+  }
+  /// A lower bound on encode(s).size() that costs nothing: a prompt too long for the context
+  /// is refused before it is tokenized (tokenizing is the expensive part of a huge prompt).
+  std::size_t min_tokens(const std::string& s) const {
+    if (!tok_) return s.size() + 1;
+    return 1 + s.size() / std::max<std::size_t>(longest_piece_, 1);
   }
   std::string decode(loom::kv::token_id prev, loom::kv::token_id id) const {
     if (tok_) return tok_->decode(prev, id);
@@ -61,39 +81,86 @@ class text_codec {
 
  private:
   const loom::io::llama2c_tokenizer* tok_ = nullptr;
+  std::size_t longest_piece_ = 0;
 };
 
 struct server_options {
   std::string model_name = "loom-llama";
-  std::int32_t default_max_tokens = 16;  ///< OpenAI default for /v1/completions
-  std::int32_t http_threads = 64;        ///< concurrent connections served
-  std::int32_t request_timeout_s = 600;  ///< a handler never waits longer than this
-  int listen_backlog = 1024;             ///< pending connections the kernel queues
+  std::int32_t default_max_tokens = 16;     ///< OpenAI default for /v1/completions
+  std::int32_t max_tokens_limit = 4096;     ///< most new tokens one request may ask for (400 above)
+  std::int32_t max_in_flight = 64;          ///< requests admitted at once (503 above)
+  std::size_t max_body_bytes = 8u << 20;    ///< request body, refused (413) before it is read
+  std::chrono::milliseconds request_timeout{std::chrono::seconds(600)};  ///< a request still running then is cancelled
+  std::string api_key;                      ///< when set, requests need "Authorization: Bearer <key>"
+  http::limits http;                        ///< connection threads, read deadlines, header budget
+  int listen_backlog = 1024;                ///< pending connections the kernel queues
 };
 
-/// Thrown for requests that get HTTP 400.
-struct bad_request : std::runtime_error {
-  using std::runtime_error::runtime_error;
+/// A request refused with an HTTP status and a message for the client.
+struct http_error : std::runtime_error {
+  http_error(int status, const std::string& msg) : std::runtime_error(msg), status(status) {}
+  int status;
 };
+/// Thrown for requests that get HTTP 400.
+struct bad_request : http_error {
+  explicit bad_request(const std::string& msg) : http_error(400, msg) {}
+};
+
+/// `msg` without the source locations loom::error appends (" [at file:line]", " [check `c`
+/// failed at file:line]"): they are for the server's log, not for clients. Cut to `limit` bytes.
+inline std::string client_message(std::string msg, std::size_t limit = 1024) {
+  for (;;) {
+    const std::size_t check = msg.find(" [check `"), at = msg.find(" [at ");
+    const std::size_t from = std::min(check, at);
+    if (from == std::string::npos) break;
+    std::size_t end = std::string::npos;
+    if (from == check) {
+      const std::size_t failed = msg.find("` failed at ", from);
+      if (failed != std::string::npos) end = msg.find(']', failed);
+    } else {
+      end = msg.find(']', from);
+    }
+    if (end == std::string::npos) {  // not a location: keep the text, stop looking
+      break;
+    }
+    msg.erase(from, end + 1 - from);
+  }
+  if (msg.size() > limit) msg = msg.substr(0, limit) + "...";
+  return msg;
+}
 
 class llama_server {
  public:
   llama_server(const llama_weights& w, engine_config ec, text_codec codec, server_options opt = {})
-      : engine_(w, ec), codec_(codec), opt_(std::move(opt)) {
+      : engine_(w, ec), codec_(codec), opt_(std::move(opt)), http_(opt_.http) {
+    LOOM_CHECK(opt_.max_in_flight > 0, "llama_server: max_in_flight must be > 0, got ", opt_.max_in_flight);
+    LOOM_CHECK(opt_.max_tokens_limit > 0, "llama_server: max_tokens_limit must be > 0, got ", opt_.max_tokens_limit);
+    LOOM_CHECK(opt_.max_body_bytes > 0, "llama_server: max_body_bytes must be > 0, got ", opt_.max_body_bytes);
+    LOOM_CHECK(opt_.request_timeout.count() > 0, "llama_server: request_timeout must be > 0, got ",
+               opt_.request_timeout.count(), " ms");
+    // Handlers that wait on the engine need threads left over for reading and refusing others.
+    LOOM_CHECK(opt_.http.threads > opt_.max_in_flight, "llama_server: http threads (", opt_.http.threads,
+               ") must exceed max_in_flight (", opt_.max_in_flight, ")");
     routes();
   }
   ~llama_server() { stop(); }
 
-  /// Binds host:port (port 0: any free port), starts serving; returns the port.
+  /// Binds host:port (port 0: any free port), starts serving; returns the port. A port another
+  /// socket listens on is an error (no SO_REUSEPORT: two servers must not split the requests).
   int start(const std::string& host = "127.0.0.1", int port = 0) {
-    http_.new_task_queue = [n = opt_.http_threads] { return new httplib::ThreadPool(static_cast<std::size_t>(n)); };
+    LOOM_CHECK(port >= 0 && port <= 65535, "llama_server: port must be in [0, 65535] (0: any free port), got ", port);
     socket_t listen_fd = -1;
     http_.set_socket_options([&listen_fd](socket_t s) {
-      httplib::default_socket_options(s);
+      int yes = 1;  // SO_REUSEADDR only: restart past TIME_WAIT, never share a live port
+      ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
       listen_fd = s;
     });
+    errno = 0;
     port_ = port == 0 ? http_.bind_to_any_port(host) : (http_.bind_to_port(host, port) ? port : -1);
-    LOOM_CHECK(port_ > 0, "llama_server: cannot bind ", host, ":", port);
+    const int err = errno;
+    LOOM_CHECK(port_ > 0, "llama_server: cannot listen on ", host, ":", port,
+               err == EADDRINUSE ? " (the port is in use: is another server running?)"
+                                 : err ? std::string(" (") + std::strerror(err) + ")" : std::string());
     // httplib 0.11 listens with a backlog of 5: a burst of clients overflows it and some see
     // their connection reset. Listening again on the bound socket raises the backlog.
     if (listen_fd >= 0) ::listen(listen_fd, opt_.listen_backlog);
@@ -109,6 +176,7 @@ class llama_server {
   void stop() {
     if (!running_.exchange(false)) return;
     http_.stop();
+    http_.close_all();
     cv_.notify_all();
     if (http_thread_.joinable()) http_thread_.join();
     if (engine_thread_.joinable()) engine_thread_.join();
@@ -117,8 +185,20 @@ class llama_server {
   /// Most sequences in one engine step so far (shows that requests shared the batch).
   std::int32_t max_batch() const noexcept { return max_batch_.load(); }
   std::int64_t requests_served() const noexcept { return served_.load(); }
+  /// Requests cancelled before they finished (client gone, deadline passed).
+  std::int64_t requests_cancelled() const noexcept { return cancelled_.load(); }
+  /// Requests admitted and not yet answered.
+  std::int32_t in_flight() const noexcept { return in_flight_.load(); }
+  /// Tokens the engine has produced over all requests.
+  std::int64_t tokens_generated() const noexcept { return tokens_.load(); }
+  /// Responses with status 500 or above sent (a healthy server under bad input sends none but 503).
+  std::int64_t server_errors() const noexcept { return server_errors_.load(); }
+  /// Connections closed to make room for new ones (slow or idle clients).
+  std::int64_t connections_evicted() const noexcept { return http_.evictions(); }
 
  private:
+  using clock = std::chrono::steady_clock;
+
   // One request's token stream, shared by its handler and the engine thread.
   struct channel {
     std::mutex m;
@@ -133,6 +213,14 @@ class llama_server {
     loom::kv::request req;
     std::shared_ptr<channel> ch;
   };
+  // A place among the max_in_flight admitted requests, held until the response is sent.
+  struct slot {
+    explicit slot(std::atomic<std::int32_t>& n) : n_(n) {}
+    ~slot() { --n_; }
+    slot(const slot&) = delete;
+    slot& operator=(const slot&) = delete;
+    std::atomic<std::int32_t>& n_;
+  };
 
   // ---- engine thread -------------------------------------------------------------------------
   void engine_loop() {
@@ -142,12 +230,6 @@ class llama_server {
         std::unique_lock lk(mu_);
         cv_.wait_for(lk, std::chrono::milliseconds(50),
                      [&] { return !running_ || !queue_.empty() || !aborts_.empty() || engine_.has_work(); });
-        for (auto id : aborts_) {
-          engine_.cancel(id);
-          if (auto it = live.find(id); it != live.end()) finish(*it->second, loom::kv::finish_reason::aborted, "");
-          live.erase(id);
-        }
-        aborts_.clear();
         while (!queue_.empty()) {
           job j = std::move(queue_.front());
           queue_.pop_front();
@@ -159,12 +241,23 @@ class llama_server {
             finish(*j.ch, loom::kv::finish_reason::aborted, e.what());
           }
         }
+        // After admitting: an abort may name a request that was still queued.
+        for (auto id : aborts_) {
+          engine_.cancel(id);
+          if (auto it = live.find(id); it != live.end()) {
+            finish(*it->second, loom::kv::finish_reason::aborted, "");
+            live.erase(it);
+            ++cancelled_;
+          }
+        }
+        aborts_.clear();
       }
       if (!running_ || !engine_.has_work()) continue;
       try {
         const auto& events = engine_.step();
         std::int32_t batch = static_cast<std::int32_t>(engine_.scheduler().num_running());
         if (batch > max_batch_) max_batch_ = batch;
+        tokens_ += static_cast<std::int64_t>(events.size());
         for (const auto& e : events) {
           auto it = live.find(e.id);
           if (it == live.end()) continue;
@@ -204,6 +297,7 @@ class llama_server {
     std::vector<loom::kv::token_id> prompt;
     std::int32_t max_new = 16;
     loom::kv::sampling_params sampling;
+    bool ignore_eos = false;  // vLLM's extension: generate max_new tokens even past EOS
   };
 
   std::shared_ptr<channel> submit(gen_params p, std::uint64_t& id_out) {
@@ -215,11 +309,11 @@ class llama_server {
     j.req.prompt = std::move(p.prompt);
     j.req.max_new_tokens = p.max_new;
     j.req.sampling = p.sampling;
-    j.req.stop_tokens = {codec_.eos()};
+    if (!p.ignore_eos) j.req.stop_tokens = {codec_.eos()};
     j.ch = ch;
     {
       std::lock_guard lk(mu_);
-      LOOM_CHECK(running_, "server is stopping");
+      if (!running_) throw http_error(503, "server is stopping");
       queue_.push_back(std::move(j));
     }
     cv_.notify_all();
@@ -233,12 +327,33 @@ class llama_server {
     cv_.notify_all();
   }
 
-  // Waits for the whole output; returns the tokens and the finish reason.
-  std::pair<std::vector<loom::kv::token_id>, loom::kv::finish_reason> wait_all(channel& ch) {
+  std::string timed_out() const {
+    return "the request did not finish within the request timeout (--request-timeout, " +
+           std::to_string(opt_.request_timeout.count()) + " ms) and was cancelled";
+  }
+
+  // Thrown when the client of a whole (non-streamed) response has gone: nothing to send.
+  struct client_gone {};
+
+  // Waits for the whole output; returns the tokens and the finish reason. The request is
+  // cancelled when its client leaves or its deadline passes, so nobody generates for no one.
+  std::pair<std::vector<loom::kv::token_id>, loom::kv::finish_reason> wait_all(channel& ch, std::uint64_t id,
+                                                                             clock::time_point deadline) {
+    http::connection* conn = http::server::current();
     std::unique_lock g(ch.m);
-    const bool done = ch.cv.wait_for(g, std::chrono::seconds(opt_.request_timeout_s),
-                                     [&] { return ch.finished != loom::kv::finish_reason::none; });
-    if (!done) throw std::runtime_error("timed out waiting for the engine");
+    while (ch.finished == loom::kv::finish_reason::none) {
+      if (clock::now() >= deadline) {
+        g.unlock();
+        abort_request(id);
+        throw http_error(503, timed_out());
+      }
+      if (conn && conn->client_gone()) {
+        g.unlock();
+        abort_request(id);
+        throw client_gone{};
+      }
+      ch.cv.wait_for(g, std::chrono::milliseconds(50));
+    }
     if (!ch.error.empty()) throw std::runtime_error(ch.error);
     return {ch.tokens, ch.finished};
   }
@@ -255,60 +370,90 @@ class llama_server {
   }
 
   // ---- JSON helpers -----------------------------------------------------------------------------
-  static nlohmann::json parse_body(const httplib::Request& req) {
+  static nlohmann::json parse_body(const std::string& body) {
+    nlohmann::json j;
     try {
-      auto j = nlohmann::json::parse(req.body);
-      if (!j.is_object()) throw bad_request("request body must be a JSON object");
-      return j;
-    } catch (const nlohmann::json::parse_error& e) {
-      throw bad_request(std::string("malformed JSON: ") + e.what());
+      j = loom::data::parse_json_input(body, "request body");
+    } catch (const loom::error& e) {
+      throw bad_request(e.what());
     }
+    if (!j.is_object()) throw bad_request("request body must be a JSON object");
+    return j;
   }
-  template <class T>
-  static T field(const nlohmann::json& j, const char* key, T fallback) {
-    if (!j.contains(key) || j[key].is_null()) return fallback;
-    try {
-      return j[key].get<T>();
-    } catch (const nlohmann::json::exception&) {
-      throw bad_request(std::string("field '") + key + "' has the wrong type");
-    }
+  static const nlohmann::json* optional(const nlohmann::json& j, const char* key) {
+    const auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  }
+  static std::string name(const char* key) { return std::string("field '") + key + "'"; }
+  static std::int64_t integer(const nlohmann::json& j, const char* key, std::int64_t fallback, std::int64_t min,
+                              std::int64_t max) {
+    const auto* v = optional(j, key);
+    return v ? loom::data::json_integer(*v, name(key), min, max) : fallback;
+  }
+  static float real(const nlohmann::json& j, const char* key, float fallback, double min, double max) {
+    const auto* v = optional(j, key);
+    return v ? loom::data::json_real<float>(*v, name(key), min, max) : fallback;
+  }
+  static bool boolean(const nlohmann::json& j, const char* key, bool fallback) {
+    const auto* v = optional(j, key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) throw bad_request(name(key) + " must be true or false, got " + loom::data::quote_json(*v));
+    return v->get<bool>();
   }
   static std::string required_string(const nlohmann::json& j, const char* key) {
     if (!j.contains(key)) throw bad_request(std::string("missing field '") + key + "'");
-    if (!j[key].is_string()) throw bad_request(std::string("field '") + key + "' must be a string");
+    if (!j[key].is_string()) throw bad_request(name(key) + " must be a string");
     return j[key].get<std::string>();
   }
   static std::string dump(const nlohmann::json& j) {
     return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // model bytes may not be UTF-8
   }
-  static void send_error(httplib::Response& res, int status, const std::string& msg) {
+  void send_error(httplib::Response& res, int status, const std::string& msg) {
+    if (status >= 500 && status != 503) ++server_errors_;
     res.status = status;
-    res.set_content(dump({{"error", {{"message", msg}, {"type", status == 400 ? "invalid_request_error" : "server_error"},
-                                     {"code", status}}}}),
+    const char* type = status == 401 ? "authentication_error"
+                       : status == 503 ? "overloaded_error"
+                       : status < 500  ? "invalid_request_error"
+                                       : "server_error";
+    res.set_content(dump({{"error", {{"message", client_message(msg)}, {"type", type}, {"code", status}}}}),
                     "application/json");
   }
 
-  // Sampling fields shared by all protocols, checked; prompt length checked against the context.
+  // The prompt text is checked against the context before it is tokenized, then its tokens.
+  std::vector<loom::kv::token_id> encode_prompt(const std::string& text) const {
+    const std::int64_t ctx = engine_.config().scheduler.max_model_len;
+    auto too_long = [&](const std::string& n) {
+      return bad_request("prompt of " + n + " tokens does not fit the context of " + std::to_string(ctx) +
+                         " tokens (prompt and at least one new token)");
+    };
+    const std::size_t at_least = codec_.min_tokens(text);
+    if (at_least >= static_cast<std::size_t>(ctx)) throw too_long("at least " + std::to_string(at_least));
+    auto ids = codec_.encode(text);
+    if (static_cast<std::int64_t>(ids.size()) >= ctx) throw too_long(std::to_string(ids.size()));
+    return ids;
+  }
+
+  // Sampling fields shared by all protocols, range-checked and naming the field. max_new is
+  // what the request asks for; it is clipped to the context (generation stops there anyway).
   gen_params make_params(const nlohmann::json& j, std::vector<loom::kv::token_id> prompt, std::int64_t max_new,
-                         float default_temperature) const {
+                         float default_temperature, float default_top_p) const {
     gen_params p;
     const std::int64_t ctx = engine_.config().scheduler.max_model_len;
-    if (static_cast<std::int64_t>(prompt.size()) >= ctx)
-      throw bad_request("prompt of " + std::to_string(prompt.size()) + " tokens does not fit the context of " +
-                        std::to_string(ctx) + " tokens");
-    if (max_new <= 0) throw bad_request("the number of tokens to generate must be > 0, got " + std::to_string(max_new));
-    p.max_new = static_cast<std::int32_t>(std::min<std::int64_t>(max_new, ctx - static_cast<std::int64_t>(prompt.size())));
+    const auto n = static_cast<std::int64_t>(prompt.size());
+    p.max_new = static_cast<std::int32_t>(std::min(max_new, ctx - n));
     p.prompt = std::move(prompt);
-    p.sampling.temperature = field<float>(j, "temperature", default_temperature);
-    p.sampling.top_p = field<float>(j, "top_p", 1.f);
-    p.sampling.top_k = field<std::int32_t>(j, "top_k", 0);
-    p.sampling.repetition_penalty = field<float>(j, "repetition_penalty", 1.f);
-    p.sampling.seed = field<std::uint64_t>(j, "seed", 0);
-    try {
-      p.sampling.validate();
-    } catch (const loom::error& e) {
-      throw bad_request(e.what());
-    }
+    p.sampling.temperature = real(j, "temperature", default_temperature, 0.0, 100.0);
+    p.sampling.top_p = real(j, "top_p", default_top_p, 0.0, 1.0);
+    if (p.sampling.top_p == 0.f) throw bad_request("field 'top_p' must be in (0, 1], got 0");
+    p.sampling.top_k = static_cast<std::int32_t>(integer(j, "top_k", 0, 0, INT32_MAX));
+    p.sampling.repetition_penalty = real(j, "repetition_penalty", 1.f, 0.0, 100.0);
+    if (p.sampling.repetition_penalty == 0.f) throw bad_request("field 'repetition_penalty' must be > 0, got 0");
+    if (const auto* seed = optional(j, "seed"); seed && seed->is_number_unsigned())
+      p.sampling.seed = seed->get<std::uint64_t>();  // the whole unsigned 64-bit range
+    else
+      p.sampling.seed = static_cast<std::uint64_t>(integer(j, "seed", 0, 0, INT64_MAX));
+    p.sampling.validate();
+    p.ignore_eos = boolean(j, "ignore_eos", false);
     const std::int64_t blocks_needed =
         loom::kv::block_table::blocks_for(static_cast<std::int64_t>(p.prompt.size()) + p.max_new, engine_.config().block_size);
     if (blocks_needed > engine_.config().num_blocks)
@@ -337,13 +482,97 @@ class llama_server {
     return buf;
   }
 
-  // Wraps a handler: bad_request -> 400, anything else -> 500; the server keeps serving.
-  httplib::Server::Handler guarded(std::function<void(const httplib::Request&, httplib::Response&)> f) {
-    return [f = std::move(f)](const httplib::Request& req, httplib::Response& res) {
+  // ---- admission ------------------------------------------------------------------------------
+  static bool body_route(const httplib::Request& req) {
+    return req.path == "/" || req.path == "/v1/completions" || req.path == "/v1/chat/completions";
+  }
+  static bool same_key(const std::string& a, const std::string& b) {  // time independent of where they differ
+    unsigned char diff = a.size() == b.size() ? 0 : 1;
+    for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % (b.size() ? b.size() : 1)]);
+    return diff == 0 && !b.empty();
+  }
+
+  // Runs before httplib reads a body: authentication, then what the body may be. A refused
+  // body is never read, and its connection is closed after the answer.
+  void admit(const httplib::Request& req) const {
+    if (!opt_.api_key.empty() && req.path != "/health" &&
+        !same_key(req.get_header_value("Authorization"), "Bearer " + opt_.api_key))
+      throw http_error(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'");
+    const std::string length = req.get_header_value("Content-Length");
+    const std::string transfer = req.get_header_value("Transfer-Encoding");
+    const bool has_body = !transfer.empty() || (!length.empty() && length != "0");
+    if (!(req.method == "POST" && body_route(req))) {
+      if (has_body) throw http_error(404, req.method + " " + loom::data::quote_input(req.path) + " takes no request body");
+      return;
+    }
+    const std::string encoding = req.get_header_value("Content-Encoding");
+    if (!encoding.empty() && encoding != "identity")
+      throw http_error(415, "Content-Encoding " + loom::data::quote_input(encoding) +
+                                " is not accepted: send the JSON body uncompressed");
+    if (req.is_multipart_form_data()) throw http_error(415, "multipart bodies are not accepted: send a JSON body");
+    if (!transfer.empty()) {
+      if (transfer != "chunked" && transfer != "Chunked")
+        throw http_error(501, "Transfer-Encoding " + loom::data::quote_input(transfer) + " is not supported");
+      return;  // chunked: the size limit applies while reading
+    }
+    if (length.empty()) throw http_error(411, "the request needs a Content-Length header (or chunked transfer)");
+    const bool digits = length.size() <= 19 && length.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits) throw bad_request("Content-Length " + loom::data::quote_input(length) + " is not a byte count");
+    if (std::stoull(length) > opt_.max_body_bytes)
+      throw http_error(413, "request body of " + length + " bytes exceeds the limit of " +
+                                std::to_string(opt_.max_body_bytes) + " bytes (--max-body-bytes)");
+  }
+
+  std::shared_ptr<slot> take_slot() {
+    if (in_flight_.fetch_add(1) >= opt_.max_in_flight) {
+      --in_flight_;
+      throw http_error(503, "server busy: " + std::to_string(opt_.max_in_flight) +
+                                " requests in flight (--max-concurrent); retry later");
+    }
+    return std::make_shared<slot>(in_flight_);
+  }
+
+  // Reads the body through httplib's reader, never more than max_body_bytes.
+  std::string read_body(const httplib::ContentReader& reader) const {
+    std::string body;
+    bool too_big = false;
+    const bool ok = reader([&](const char* data, std::size_t n) {
+      if (n > opt_.max_body_bytes - body.size()) return !(too_big = true);
+      body.append(data, n);
+      return true;
+    });
+    if (too_big)
+      throw http_error(413, "request body exceeds the limit of " + std::to_string(opt_.max_body_bytes) +
+                                " bytes (--max-body-bytes)");
+    if (!ok) throw bad_request("the request body could not be read (cut short, bad chunks, or past the read deadline)");
+    return body;
+  }
+
+  // One handler per protocol, wrapped: http_error -> its status, bad input (loom::error from the
+  // field checks) -> 400, anything else -> 500; the server keeps serving either way.
+  using body_handler = void (llama_server::*)(const nlohmann::json&, httplib::Response&, std::shared_ptr<slot>);
+  httplib::Server::HandlerWithContentReader guarded(body_handler h) {
+    return [this, h](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
+      http::connection* conn = http::server::current();
       try {
-        f(req, res);
-      } catch (const bad_request& e) {
-        send_error(res, 400, e.what());
+        std::shared_ptr<slot> s;
+        nlohmann::json j;
+        try {
+          s = take_slot();
+          const std::string body = read_body(reader);
+          if (conn) conn->begin_work();
+          j = parse_body(body);
+        } catch (const http_error&) {
+          if (conn) conn->close_after();  // the rest of the body is unread
+          throw;
+        }
+        (this->*h)(j, res, std::move(s));
+      } catch (const http_error& e) {
+        send_error(res, e.status, e.what());
+        if (e.status == 503) res.set_header("Retry-After", "1");
+      } catch (const client_gone&) {
+        res.status = 499;  // nobody reads it: the connection is closed
+        if (conn) conn->close_after();
       } catch (const std::exception& e) {
         send_error(res, 500, e.what());
       }
@@ -352,45 +581,74 @@ class llama_server {
 
   // ---- routes -----------------------------------------------------------------------------------
   void routes() {
+    http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        admit(req);
+        return httplib::Server::HandlerResponse::Unhandled;
+      } catch (const http_error& e) {
+        send_error(res, e.status, e.what());
+        if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
+        res.set_header("Connection", "close");
+        if (auto* conn = http::server::current()) conn->close_after();
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    });
     http_.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok", "text/plain"); });
     http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(dump({{"object", "list"}, {"data", {{{"id", opt_.model_name}, {"object", "model"}, {"owned_by", "loom"}}}}}),
                       "application/json");
     });
-    http_.Post("/", guarded([this](const httplib::Request& req, httplib::Response& res) { chatglm(req, res); }));
-    http_.Post("/v1/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
-                 openai(req, res, false);
-               }));
-    http_.Post("/v1/chat/completions", guarded([this](const httplib::Request& req, httplib::Response& res) {
-                 openai(req, res, true);
-               }));
+    http_.Post("/", guarded(&llama_server::chatglm));
+    http_.Post("/v1/completions", guarded(&llama_server::completions));
+    http_.Post("/v1/chat/completions", guarded(&llama_server::chat_completions));
   }
 
-  void chatglm(const httplib::Request& req, httplib::Response& res) {
-    const auto j = parse_body(req);
-    const std::string prompt = required_string(j, "prompt");
-    nlohmann::json history = j.contains("history") && !j["history"].is_null() ? j["history"] : nlohmann::json::array();
-    if (!history.is_array()) throw bad_request("field 'history' must be a list of [query, response] pairs");
-    std::string text;
-    int round = 1;
-    for (auto& h : history) {
-      if (!h.is_array() || h.size() != 2 || !h[0].is_string() || !h[1].is_string())
-        throw bad_request("field 'history' must be a list of [query, response] pairs");
-      text += "[Round " + std::to_string(round++) + "]\n\n问：" + h[0].get<std::string>() + "\n\n答：" +
-              h[1].get<std::string>() + "\n\n";
+  void completions(const nlohmann::json& j, httplib::Response& res, std::shared_ptr<slot> s) {
+    openai(j, res, false, std::move(s));
+  }
+  void chat_completions(const nlohmann::json& j, httplib::Response& res, std::shared_ptr<slot> s) {
+    openai(j, res, true, std::move(s));
+  }
+
+  // Turns the checks of the parsing phase (loom::error naming a field) into a 400.
+  template <class F>
+  static auto parsing(F&& f) {
+    try {
+      return f();
+    } catch (const loom::error& e) {
+      throw bad_request(e.what());
     }
-    text += "[Round " + std::to_string(round) + "]\n\n问：" + prompt + "\n\n答：";
-    auto ids = codec_.encode(text);
-    const std::int64_t max_length = field<std::int64_t>(j, "max_length", 2048);
-    if (max_length <= static_cast<std::int64_t>(ids.size()))
-      throw bad_request("prompt of " + std::to_string(ids.size()) + " tokens is not shorter than max_length=" +
-                        std::to_string(max_length));
-    const std::int64_t n = static_cast<std::int64_t>(ids.size());
-    gen_params p = make_params(j, std::move(ids), max_length - n, 0.95f);
-    if (!j.contains("top_p")) p.sampling.top_p = 0.7f;  // api.py's defaults
+  }
+
+  void chatglm(const nlohmann::json& j, httplib::Response& res, std::shared_ptr<slot>) {
+    const auto deadline = clock::now() + opt_.request_timeout;
+    nlohmann::json history;
+    std::string prompt;
+    gen_params p = parsing([&] {
+      prompt = required_string(j, "prompt");
+      history = j.contains("history") && !j["history"].is_null() ? j["history"] : nlohmann::json::array();
+      if (!history.is_array()) throw bad_request("field 'history' must be a list of [query, response] pairs");
+      std::string text;
+      int round = 1;
+      for (auto& h : history) {
+        if (!h.is_array() || h.size() != 2 || !h[0].is_string() || !h[1].is_string())
+          throw bad_request("field 'history' must be a list of [query, response] pairs");
+        text += "[Round " + std::to_string(round++) + "]\n\n问：" + h[0].get<std::string>() + "\n\n答：" +
+                h[1].get<std::string>() + "\n\n";
+      }
+      text += "[Round " + std::to_string(round) + "]\n\n问：" + prompt + "\n\n答：";
+      const std::int64_t max_length = integer(j, "max_length", 2048, 1, INT32_MAX);
+      auto ids = encode_prompt(text);
+      const auto n = static_cast<std::int64_t>(ids.size());
+      if (max_length <= n)
+        throw bad_request("prompt of " + std::to_string(n) + " tokens is not shorter than field 'max_length' (" +
+                          std::to_string(max_length) + ")");
+      // max_length bounds prompt + response as in ChatGLM; the server's cap bounds the response.
+      return make_params(j, std::move(ids), std::min<std::int64_t>(max_length - n, opt_.max_tokens_limit), 0.95f, 0.7f);
+    });
     std::uint64_t id;
     auto ch = submit(std::move(p), id);
-    auto [toks, why] = wait_all(*ch);
+    auto [toks, why] = wait_all(*ch, id, deadline);
     const std::string response = detok(*ch, toks);
     history.push_back({prompt, response});
     ++served_;
@@ -398,38 +656,43 @@ class llama_server {
                     "application/json");
   }
 
-  void openai(const httplib::Request& req, httplib::Response& res, bool chat) {
-    const auto j = parse_body(req);
-    std::string text;
-    if (chat) {
-      if (!j.contains("messages")) throw bad_request("missing field 'messages'");
-      if (!j["messages"].is_array() || j["messages"].empty())
-        throw bad_request("field 'messages' must be a non-empty list");
-      for (auto& m : j["messages"]) {
-        if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
-            !m["content"].is_string())
-          throw bad_request("each message needs string fields 'role' and 'content'");
-        text += m["role"].get<std::string>() + ": " + m["content"].get<std::string>() + "\n";
+  void openai(const nlohmann::json& j, httplib::Response& res, bool chat, std::shared_ptr<slot> s) {
+    const auto deadline = clock::now() + opt_.request_timeout;
+    bool stream = false;
+    gen_params p = parsing([&] {
+      std::string text;
+      if (chat) {
+        if (!j.contains("messages")) throw bad_request("missing field 'messages'");
+        if (!j["messages"].is_array() || j["messages"].empty())
+          throw bad_request("field 'messages' must be a non-empty list");
+        for (auto& m : j["messages"]) {
+          if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
+              !m["content"].is_string())
+            throw bad_request("each message needs string fields 'role' and 'content'");
+          text += m["role"].get<std::string>() + ": " + m["content"].get<std::string>() + "\n";
+        }
+        text += "assistant: ";
+      } else {
+        if (j.contains("prompt") && j["prompt"].is_array() && j["prompt"].size() == 1 && j["prompt"][0].is_string())
+          text = j["prompt"][0].get<std::string>();
+        else
+          text = required_string(j, "prompt");
       }
-      text += "assistant: ";
-    } else {
-      if (j.contains("prompt") && j["prompt"].is_array() && j["prompt"].size() == 1 && j["prompt"][0].is_string())
-        text = j["prompt"][0].get<std::string>();
-      else
-        text = required_string(j, "prompt");
-    }
-    if (field<std::int32_t>(j, "n", 1) != 1) throw bad_request("only n=1 is supported");
-    if (j.contains("stop") && !j["stop"].is_null()) throw bad_request("'stop' is not supported");
-    const std::int64_t max_tokens = field<std::int64_t>(j, "max_tokens", chat ? 256 : opt_.default_max_tokens);
-    gen_params p = make_params(j, codec_.encode(text), max_tokens, 1.f);
-    const bool stream = field<bool>(j, "stream", false);
+      integer(j, "n", 1, 1, 1);  // one choice per request
+      if (j.contains("stop") && !j["stop"].is_null()) throw bad_request("field 'stop' is not supported");
+      const std::int64_t max_tokens =
+          integer(j, "max_tokens", chat ? std::min(256, opt_.max_tokens_limit) : opt_.default_max_tokens, 1,
+                  opt_.max_tokens_limit);
+      stream = boolean(j, "stream", false);
+      return make_params(j, encode_prompt(text), max_tokens, 1.f, 1.f);
+    });
     const std::int64_t created = static_cast<std::int64_t>(std::time(nullptr));
     std::uint64_t id;
     auto ch = submit(std::move(p), id);
     const std::string rid = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(id);
     auto reason = [](loom::kv::finish_reason r) { return r == loom::kv::finish_reason::stop ? "stop" : "length"; };
     if (!stream) {
-      auto [toks, why] = wait_all(*ch);
+      auto [toks, why] = wait_all(*ch, id, deadline);
       const std::string out = detok(*ch, toks);
       nlohmann::json choice = {{"index", 0}, {"finish_reason", reason(why)}};
       if (chat)
@@ -448,7 +711,9 @@ class llama_server {
                       "application/json");
       return;
     }
-    // Server-sent events: one chunk per produced token, then the finish chunk and [DONE].
+    // Server-sent events: one chunk per produced token, then the finish chunk and [DONE]. The
+    // slot stays taken until the stream ends; a client that leaves, or a stream past its
+    // deadline, cancels the request.
     auto sent = std::make_shared<std::size_t>(0);
     auto pending = std::make_shared<std::string>();
     auto ended = std::make_shared<bool>(false);
@@ -471,13 +736,18 @@ class llama_server {
         "text/event-stream",
         [=, this](std::size_t, httplib::DataSink& sink) {
           std::unique_lock g(ch->m);
-          ch->cv.wait_for(g, std::chrono::seconds(1), [&] {
+          ch->cv.wait_for(g, std::chrono::milliseconds(200), [&] {
             return ch->tokens.size() > *sent || ch->finished != loom::kv::finish_reason::none;
           });
           std::vector<loom::kv::token_id> toks = ch->tokens;
-          const auto fin = ch->finished;
-          const std::string err = ch->error;
+          auto fin = ch->finished;
+          std::string err = ch->error;
           g.unlock();
+          if (fin == loom::kv::finish_reason::none && clock::now() >= deadline) {
+            abort_request(id);
+            fin = loom::kv::finish_reason::aborted;
+            err = timed_out();
+          }
           std::string out;
           const bool first = *sent == 0;
           *pending += detok(*ch, toks, *sent, toks.size());
@@ -490,7 +760,7 @@ class llama_server {
           }
           if (fin != loom::kv::finish_reason::none) {
             if (!err.empty())
-              out += "data: " + dump({{"error", {{"message", err}, {"type", "server_error"}}}}) + "\n\n";
+              out += "data: " + dump({{"error", {{"message", client_message(err)}, {"type", "server_error"}}}}) + "\n\n";
             else
               out += chunk("", reason(fin), toks.empty());
             out += "data: [DONE]\n\n";
@@ -505,13 +775,14 @@ class llama_server {
         },
         [=, this](bool) {
           if (!*ended) abort_request(id);  // client went away: free its blocks
+          (void)s;                          // the slot is released with this callback
         });
   }
 
   llama_engine<float> engine_;
   text_codec codec_;
   server_options opt_;
-  httplib::Server http_;
+  http::server http_;
   std::thread engine_thread_, http_thread_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -521,6 +792,10 @@ class llama_server {
   std::atomic<std::uint64_t> next_id_{1};
   std::atomic<std::int32_t> max_batch_{0};
   std::atomic<std::int64_t> served_{0};
+  std::atomic<std::int64_t> cancelled_{0};
+  std::atomic<std::int64_t> tokens_{0};
+  std::atomic<std::int64_t> server_errors_{0};
+  std::atomic<std::int32_t> in_flight_{0};
   int port_ = -1;
 };
 
