@@ -1,0 +1,55 @@
+#pragma once
+// Shared by the fuzz targets: the readers under test take a path, so each input is written to
+// one scratch file per process (on tmpfs when /dev/shm exists) and the reader opens that.
+//
+// A target calls the reader inside loom_fuzz_call(): a loom::error is the reader refusing bad
+// bytes, which is its job; any other exception escapes and libFuzzer reports it as a crash
+// (deadly signal from std::terminate), as it does sanitizer reports, timeouts and -rss_limit_mb.
+
+#include <loom/core/error.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <unistd.h>
+
+namespace loom_fuzz {
+
+inline const std::string& scratch_path() {
+  static const std::string path = [] {
+    const char* dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");
+    std::string p = std::string(dir) + "/loom-fuzz-" + std::to_string(getpid()) + ".bin";
+    std::atexit([] { std::remove(scratch_path().c_str()); });  // a crash leaves it: the input is in the artifact anyway
+    return p;
+  }();
+  return path;
+}
+
+/// Writes the input to the scratch file and returns its path.
+inline const std::string& write_input(const std::uint8_t* data, std::size_t size) {
+  const std::string& p = scratch_path();
+  std::FILE* f = std::fopen(p.c_str(), "wb");
+  if (!f || (size && std::fwrite(data, 1, size, f) != size) || std::fclose(f) != 0) {
+    std::perror(p.c_str());
+    std::abort();  // the harness cannot work without its scratch file: stop rather than fuzz nothing
+  }
+  return p;
+}
+
+/// Runs `f`; only loom::error (the documented way to refuse input) is swallowed. With
+/// LOOM_FUZZ_VERBOSE set, refusals are printed (to see why a seed is refused: run the target
+/// on files instead of a corpus directory).
+template <class F>
+void call(F&& f) {
+  static const bool verbose = std::getenv("LOOM_FUZZ_VERBOSE") != nullptr;
+  try {
+    f();
+    if (verbose) std::fprintf(stderr, "loom-fuzz: accepted\n");
+  } catch (const loom::error& e) {
+    if (verbose) std::fprintf(stderr, "loom-fuzz: refused: %s\n", e.what());
+  }
+}
+
+}  // namespace loom_fuzz

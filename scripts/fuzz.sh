@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Builds loom's libFuzzer targets (fuzz/, clang, ASan + UBSan) into ./build-fuzz and runs each
+# for SECONDS (default 20), starting from its committed seeds (fuzz/corpus/<target>/), which
+# therefore also run as a regression on every call.
+#   scripts/fuzz.sh [SECONDS] [TARGET...]      e.g. scripts/fuzz.sh 3600 safetensors
+# A finding (crash, sanitizer report, exception other than loom::error, an input slower than
+# 10 s, more than 2 GiB RSS) stops that target, leaves the input in build-fuzz/artifacts/ and
+# makes the script fail. New inputs the fuzzer finds go to build-fuzz/corpus/<target>/ (kept
+# between runs, not committed). Reproduce one: build-fuzz/fuzz/fuzz_<target> <file>, with
+# LOOM_FUZZ_VERBOSE=1 to print the reader's refusals.
+# FUZZ_JOBS=N runs N processes per target (libFuzzer -fork) on a machine with cores to spare.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-20}
+shift || true
+all=(llama2c_checkpoint llama2c_tokenizer safetensors hf_config ds_config token_shard chat_jsonl)
+targets=("$@")
+((${#targets[@]})) || targets=("${all[@]}")
+
+# Largest input per format: room for a few tensors / tokens / records past the seeds, small
+# enough that each execution stays fast (the readers' cost grows with the input).
+declare -A max_len=([llama2c_checkpoint]=4096 [llama2c_tokenizer]=8192 [safetensors]=4096 [hf_config]=2048
+                    [ds_config]=4096 [token_shard]=1024 [chat_jsonl]=4096)
+
+command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (scripts/install-deps.sh installs it)" >&2; exit 1; }
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DLOOM_FUZZ=ON \
+  -DLOOM_BUILD_TESTS=OFF -DLOOM_BUILD_BENCHMARKS=OFF -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_HEADER_TESTS=OFF \
+  -DLOOM_ENABLE_CUDA=OFF -DLOOM_ENABLE_MPI=OFF -DLOOM_ENABLE_BLAS=OFF >/dev/null
+cmake --build build-fuzz --target "${targets[@]/#/fuzz_}"
+
+mkdir -p build-fuzz/artifacts build-fuzz/logs
+export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1}
+failed=()
+summary=()
+for t in "${targets[@]}"; do
+  [[ -n "${max_len[$t]:-}" ]] || { echo "fuzz.sh: unknown target '$t' (${all[*]})" >&2; exit 2; }
+  mkdir -p "build-fuzz/corpus/$t"
+  args=(-max_total_time="$seconds" -max_len="${max_len[$t]}" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
+        -artifact_prefix="build-fuzz/artifacts/$t-")
+  [[ -f "fuzz/dict/$t.dict" ]] && args+=(-dict="fuzz/dict/$t.dict")
+  [[ -n "${FUZZ_JOBS:-}" ]] && args+=(-fork="$FUZZ_JOBS")
+  log="build-fuzz/logs/$t.log"
+  echo "== fuzz_$t for ${seconds}s (log: $log)"
+  rc=0
+  # first corpus directory: where new inputs go; the second (the committed seeds) is read only
+  "build-fuzz/fuzz/fuzz_$t" "${args[@]}" "build-fuzz/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+  units=$(ls "build-fuzz/corpus/$t" | wc -l)
+  if ((rc != 0)); then
+    failed+=("$t")
+    echo "   FAILED (exit $rc); the report:"
+    grep -E -A40 "^==[0-9]+==ERROR|runtime error|deadly signal|terminate called|Test unit written" "$log" | head -80 || tail -40 "$log"
+    summary+=("$(printf '%-20s %12s %8s %7s  FINDING' "$t" "${execs:-?}" "${rate:-?}" "$units")")
+  else
+    summary+=("$(printf '%-20s %12s %8s %7s  ok' "$t" "${execs:-?}" "${rate:-?}" "$units")")
+  fi
+done
+printf '%-20s %12s %8s %7s  %s\n' target execs exec/s corpus result
+printf '%s\n' "${summary[@]}"
+if ((${#failed[@]})); then
+  echo "fuzz.sh: findings in: ${failed[*]} (inputs in build-fuzz/artifacts/)" >&2
+  exit 1
+fi
