@@ -1,4 +1,5 @@
 // Chat JSONL encoding against a plain-Python transcription of ChatGLM2's preprocessing.
+#include <support/error_of.hpp>
 #include <loom/data/chat_jsonl.hpp>
 
 #include <doctest/doctest.h>
@@ -107,16 +108,7 @@ TEST_CASE("chat_loader batches encoded records; errors name the field, line and 
 }
 
 namespace {
-/// The message of the loom::error that `f` throws ("" if it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const loom::error& e) {
-    return e.what();
-  }
-  return "";
-}
+using loom::test::error_of;
 }  // namespace
 
 TEST_CASE("hostile chat JSONL: long lines, deep history, huge or mistyped values name file:line and field, messages stay short") {

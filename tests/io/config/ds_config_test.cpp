@@ -1,5 +1,6 @@
 // ds_config.json: every key, "auto", DeepSpeed's batch rule, and the errors.
 // Oracles: DeepSpeed's documented defaults and rules, written as literal expected values.
+#include <support/error_of.hpp>
 #include <loom/io/ds_config.hpp>
 
 #include <doctest/doctest.h>
@@ -254,16 +255,7 @@ TEST_CASE("the seed's ds_config_zero3.json parses, with offload_param and activa
 }
 
 namespace {
-/// The message of the loom::error that `f` throws ("" if it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const loom::error& e) {
-    return e.what();
-  }
-  return "";
-}
+using loom::test::error_of;
 /// [[[...[1]...]]], `depth` arrays deep, built without the parser.
 json nested(int depth) {
   json j = 1;

@@ -2,6 +2,7 @@
 // llama2.c tokenizers and safetensors. Each must be a loom::error whose message names the
 // file and the field or tensor at fault, found before any allocation the file's claims size;
 // never a crash, an over-read or an unbounded message.
+#include <support/error_of.hpp>
 #include <doctest/doctest.h>
 
 #include <loom/io/llama2c.hpp>
@@ -52,16 +53,7 @@ struct temp_dir {
   }
 };
 
-/// The message of the loom::error that `f` throws ("" if it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const loom::error& e) {
-    return e.what();
-  }
-  return "";
-}
+using loom::test::error_of;
 
 #define CHECK_ERROR_HAS(expr, ...)                                 \
   do {                                                              \
