@@ -41,7 +41,7 @@ inline batch_loader make_batch_loader(const std::vector<std::string>& data, loom
   const loom::data::sampler_options so{.batch = std::size_t(micro), .seed = seed, .rank = rank, .world = world};
   if (is_chat_data(data)) {
     const loom::data::byte_tokenizer tok;
-    LOOM_CHECK(vocab >= tok.vocab_size(), "data: chat records need vocab >= ", tok.vocab_size(),
+    LOOM_CHECK(vocab >= tok.vocab_size(), "data: chat data needs vocab >= ", tok.vocab_size(),
                " (bytes + bos/eos/pad), got vocab=", vocab);
     const std::size_t src = std::size_t(seq) / 2;
     return loom::data::chat_loader(loom::data::read_chat_jsonl(data[0]), tok,

@@ -556,13 +556,22 @@ inline void resolve_ds_config(ds_config& c, const ds_context& ctx) {
   // "auto" takes the program's value when it has one; otherwise the key counts as not given
   if (c.micro_batch_auto && ctx.micro_batch) mb = ctx.micro_batch;
   if (c.grad_accum_auto && ctx.grad_accum) ga = ctx.grad_accum;
+  LOOM_CHECK((!tb || *tb > 0) && (!mb || *mb > 0) && (!ga || *ga > 0),
+             "ds_config: batch sizes out of range: train_batch_size, train_micro_batch_size_per_gpu and "
+             "gradient_accumulation_steps must be > 0");
   std::int64_t T = 0, M = 0, G = 0;
+  // a caller may set the fields directly, past what parsing allows: products are checked
+  const auto mul = [](std::int64_t a, std::int64_t b) {
+    std::int64_t r = 0;
+    LOOM_CHECK(!__builtin_mul_overflow(a, b, &r), "ds_config: batch sizes out of range: ", a, " x ", b, " overflows");
+    return r;
+  };
   if (tb && mb && ga) T = *tb, M = *mb, G = *ga;
   else if (tb && mb) T = *tb, M = *mb, G = T / M / W;
   else if (tb && ga) T = *tb, G = *ga, M = T / W / G;
-  else if (mb && ga) M = *mb, G = *ga, T = M * G * W;
+  else if (mb && ga) M = *mb, G = *ga, T = mul(mul(M, G), W);
   else if (tb) T = *tb, G = 1, M = T / W;
-  else if (mb) M = *mb, G = 1, T = M * W;
+  else if (mb) M = *mb, G = 1, T = mul(M, W);
   else LOOM_THROW("ds_config: either \"train_batch_size\" or \"train_micro_batch_size_per_gpu\" must be given");
   // M, G and T are each at most max_batch once parsed, but a caller may set the fields directly
   std::int64_t MG = 0, MGW = 0;
