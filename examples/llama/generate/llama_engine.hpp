@@ -90,12 +90,6 @@ class llama_engine {
   loom::kv::scheduler& scheduler() noexcept { return sched_; }
   loom::kv::block_allocator& allocator() noexcept { return alloc_; }
   std::size_t kv_bytes() const noexcept { return cache_.bytes(); }
-  /// Bytes of the packed copies of the weights the engine made.
-  std::size_t packed_weight_bytes() const noexcept {
-    std::size_t b = classifier_.bytes();
-    for (const auto& L : packed_) b += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w1.bytes() + L.w2.bytes() + L.w3.bytes();
-    return b;
-  }
   std::int64_t tokens_computed() const noexcept { return tokens_computed_; }
   std::int64_t steps() const noexcept { return steps_; }
   /// Logits [vocab] of the i-th sampled sequence of the last step (before sampling changed them).
