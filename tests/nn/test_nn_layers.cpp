@@ -56,6 +56,32 @@ TEST_CASE("param_layout: aligned offsets, names, errors") {
   CHECK(b.in(store.params())(6) == 2.f);
 }
 
+TEST_CASE("param_layout units: slots relative to their unit, entries and unit bounds in the whole buffer") {
+  nn::param_layout L(4);
+  CHECK(L.begin_unit(3) == 0);  // the first unit starts at 0; units are multiples of lcm(4, 3) = 12
+  auto a = L.add("a", extents<1>{5});
+  CHECK(L.begin_unit(3) == 1);
+  auto b = L.add("b", extents<1>{2});
+  auto c = L.add("c", extents<2>{2, 3});
+  CHECK(L.begin_unit() == 2);
+  auto d = L.add("d", extents<1>{1});
+  // by hand: a [0, 5) -> unit 0 is [0, 12); b [12, 14), c [16, 22) -> unit 1 [12, 24); d [24, 25)
+  CHECK(L.units() == 3);
+  CHECK((L.unit_begin(0) == 0 && L.unit_end(0) == 12 && L.unit_begin(1) == 12 && L.unit_end(1) == 24));
+  CHECK((L.unit_begin(2) == 24 && L.unit_end(2) == 36 && L.size() == 36));
+  CHECK((a.offset == 0 && b.offset == 0 && c.offset == 4 && d.offset == 0));
+  CHECK((L.find("c").offset == 16 && L.find("d").offset == 24));
+  std::vector<float> flat(L.size());
+  for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = float(i);
+  // a slot read through its unit's span sees the same elements as the entry's whole-buffer offset
+  CHECK(c.in(L.unit(std::span<float>(flat), 1))(1, 2) == flat[16 + 5]);
+  CHECK(d.in(L.unit(std::span<float>(flat), 2))(0) == flat[24]);
+  CHECK_THROWS_WITH_AS(L.unit(std::span<float>(flat).first(30), 2), doctest::Contains("does not fit"), loom::error);
+  CHECK_THROWS_WITH_AS(L.begin_unit(0), doctest::Contains("multiple=0"), loom::error);
+  L.begin_unit();
+  CHECK_THROWS_WITH_AS(L.begin_unit(), doctest::Contains("has no parameter"), loom::error);
+}
+
 TEST_CASE("workspace: spans stay valid when the arena grows; reset merges") {
   nn::workspace<float> ws(32);
   auto s1 = ws.take(20);

@@ -28,6 +28,8 @@
 //     m.input_grad(mb)                  // d/d(input) to send to the previous stage
 //     m.release(mb)                     // after the last use of mb: its activation slot is reused
 //   m.params(), m.grads(), m.zero_grad(), m.shards(), m.store_params(full), m.store_grads(full)
+//   m.units(), m.forward_units(), m.backward_units(): the pieces ZeRO-3 gathers, in pass order
+//   m.set_param_source(src)            // layers read each unit from src (a ZeRO engine) instead
 //
 // Layers are split over pp stages as evenly as possible (the first L % pp stages get one
 // more); the embedding lives on the first stage, the final norm and output projection on the
@@ -63,7 +65,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <optional>
+#include <utility>
 #include <span>
 #include <string>
 #include <vector>
@@ -109,47 +111,93 @@ struct block {
 
 /// The layers one rank holds, declared into its flat layout in the single-rank model's order
 /// (tok_embeddings, layers.{i}.*, norm, output), with each shard's place in the full tensor.
+/// The layout is cut into units, the pieces ZeRO-3 gathers one at a time: the embedding
+/// (first stage), each block, and the head (last stage: norm, and output unless it is tied to
+/// this rank's embedding). Every unit's size is a multiple of `pad_to` (the data-parallel
+/// size), so each splits evenly over the data-parallel ranks.
 template <loom::ops::compute_type T>
 struct stage_layers {
   loom::nn::param_layout layout;
-  tp::shard_list shards;
+  tp::shard_list shards;                           // local_offset: in the whole flat buffer
   tp::vocab_parallel_embedding<T> tok_embeddings;  // first stage
   std::vector<block<T>> blocks;                    // layers [range.first, range.last)
   loom::nn::rmsnorm<T> norm;                       // last stage
   tp::column_parallel_linear<T> output;            // last stage (tied: over tok_embeddings)
+  static constexpr std::size_t none = ~std::size_t{0};
+  std::size_t embedding_unit = none, head_unit = none, output_unit = none;  // output_unit: the head, or the embedding when tied on this rank
+  std::size_t first_block_unit = 0;
+  std::size_t tied_copy_offset = none;  ///< tied, pp > 1: where this rank's copy of its embedding shard starts
 
-  stage_layers(const llama::config& c, tp::tp_rank t, stage_range range, bool first, bool last) {
+  stage_layers(const llama::config& c, tp::tp_rank t, stage_range range, bool first, bool last, std::size_t pad_to = 1) {
     auto& L = layout;
     auto* sh = &shards;
     const T eps = T(c.norm_eps);
+    // a unit's slots are relative to its start; its shards are moved to whole-buffer offsets
+    auto unit = [&](auto&& declare) {
+      const std::size_t u = L.begin_unit(pad_to), recorded = shards.size();
+      declare();
+      for (std::size_t k = recorded; k < shards.size(); ++k) shards[k].local_offset += L.unit_begin(u);
+      return u;
+    };
     auto replicated = [&](const std::string& name, const loom::nn::param_slot<1>& s) {
       tp::record(sh, name, s, s.shape[0], 1, 0, 0, t.rank);
     };
-    if (first) tok_embeddings = tp::vocab_parallel_embedding<T>(L, "tok_embeddings", c.vocab, c.dim, t, sh);
+    if (first)
+      embedding_unit = unit([&] { tok_embeddings = tp::vocab_parallel_embedding<T>(L, "tok_embeddings", c.vocab, c.dim, t, sh); });
     const loom::nn::attention_config ac{c.dim, c.n_heads, c.n_kv_heads, c.seq_len, c.rope_theta, c.rope, {}, false};
     for (index_t l = range.first; l < range.last; ++l) {
-      const std::string pre = "layers." + std::to_string(l) + ".";
-      block<T> b;
-      b.attention_norm = loom::nn::rmsnorm<T>(L, pre + "attention_norm", c.dim, eps);
-      replicated(pre + "attention_norm.weight", b.attention_norm.weight());
-      b.attention = loom::nn::attention<T>(L, pre + "attention", ac, t, sh);
-      b.ffn_norm = loom::nn::rmsnorm<T>(L, pre + "ffn_norm", c.dim, eps);
-      replicated(pre + "ffn_norm.weight", b.ffn_norm.weight());
-      b.feed_forward = loom::nn::swiglu_mlp<T>(L, pre + "feed_forward", c.dim, c.hidden_dim, t, sh);
-      blocks.push_back(std::move(b));
+      const std::size_t u = unit([&] {
+        const std::string pre = "layers." + std::to_string(l) + ".";
+        block<T> b;
+        b.attention_norm = loom::nn::rmsnorm<T>(L, pre + "attention_norm", c.dim, eps);
+        replicated(pre + "attention_norm.weight", b.attention_norm.weight());
+        b.attention = loom::nn::attention<T>(L, pre + "attention", ac, t, sh);
+        b.ffn_norm = loom::nn::rmsnorm<T>(L, pre + "ffn_norm", c.dim, eps);
+        replicated(pre + "ffn_norm.weight", b.ffn_norm.weight());
+        b.feed_forward = loom::nn::swiglu_mlp<T>(L, pre + "feed_forward", c.dim, c.hidden_dim, t, sh);
+        blocks.push_back(std::move(b));
+      });
+      if (l == range.first) first_block_unit = u;
     }
     if (last) {
-      norm = loom::nn::rmsnorm<T>(L, "norm", c.dim, eps);
-      replicated("norm.weight", norm.weight());
-      if (!c.tied_output) {
-        output = tp::column_parallel_linear<T>(L, "output", c.dim, c.vocab, t, sh);
-      } else if (first) {
-        output = tp::column_parallel_linear<T>(tok_embeddings.weight(), tok_embeddings.first_token());
-      } else {  // the last stage's copy of its tok_embeddings shard
-        output = tp::column_parallel_linear<T>(L, "tok_embeddings", c.dim, c.vocab, t, nullptr);
-        tp::record(sh, "tok_embeddings.weight", output.local().weight(), c.vocab, c.dim, output.first_output(), 0, 1);
-      }
+      head_unit = unit([&] {
+        norm = loom::nn::rmsnorm<T>(L, "norm", c.dim, eps);
+        replicated("norm.weight", norm.weight());
+        if (!c.tied_output) {
+          output = tp::column_parallel_linear<T>(L, "output", c.dim, c.vocab, t, sh);
+        } else if (!first) {  // the last stage's copy of its tok_embeddings shard
+          output = tp::column_parallel_linear<T>(L, "tok_embeddings", c.dim, c.vocab, t, nullptr);
+          tp::record(sh, "tok_embeddings.weight", output.local().weight(), c.vocab, c.dim, output.first_output(), 0, 1);
+        }
+      });
+      if (c.tied_output && first) output = tp::column_parallel_linear<T>(tok_embeddings.weight(), tok_embeddings.first_token());
+      output_unit = c.tied_output && first ? embedding_unit : head_unit;
+      if (c.tied_output && !first) tied_copy_offset = L.unit_begin(head_unit) + output.local().weight().offset;
     }
+  }
+
+  /// The units one forward pass of a micro-batch reads, in order (the head reads norm, then
+  /// the output projection, which may live in the embedding's unit).
+  std::vector<std::size_t> forward_units() const {
+    std::vector<std::size_t> u;
+    if (embedding_unit != none) u.push_back(embedding_unit);
+    for (std::size_t b = 0; b < blocks.size(); ++b) u.push_back(first_block_unit + b);
+    if (head_unit != none) {
+      u.push_back(head_unit);
+      if (output_unit != head_unit) u.push_back(output_unit);
+    }
+    return u;
+  }
+  /// The units one backward pass reads, in order (a checkpointed block recomputes inside its
+  /// own unit's turn).
+  std::vector<std::size_t> backward_units() const {
+    std::vector<std::size_t> u;
+    if (head_unit != none) {
+      if (output_unit != head_unit) u.push_back(output_unit);
+      u.push_back(head_unit);
+    }
+    for (std::size_t b = blocks.size(); b-- > 0;) u.push_back(first_block_unit + b);
+    return u;  // the embedding's backward reads no parameter
   }
 };
 
@@ -158,6 +206,16 @@ inline loom::nn::param_layout full_layout(const llama::config& c) {
   c.validate();
   return stage_layers<float>(c, {}, split_layers(c.n_layers, 1, 0), true, true).layout;
 }
+
+/// Where a stage model's layers read their parameters when they are not in its own flat
+/// buffer: ZeRO-3 gathers a unit on acquire and may drop it on release. Calls come in the
+/// order of forward_units() / backward_units() of each pass.
+template <class P>
+struct param_source {
+  virtual ~param_source() = default;
+  virtual std::span<P> acquire(std::size_t unit) = 0;
+  virtual void release(std::size_t unit) = 0;
+};
 
 template <loom::ops::param_type P, loom::ops::compute_type T, loom::comm::communicator C>
 class stage_model {
@@ -193,7 +251,7 @@ class stage_model {
               loom::memory_resource& mr = loom::default_resource<loom::host>(), std::size_t pad_to = 1)
       : cfg_((check_tensor_split(c, tp_comm.size()), c)), tp_(&tp_comm), stage_(stage), stages_(stages),
         range_(split_layers(c.n_layers, stages, stage)), mr_(&mr),
-        layers_(c, tp::tp_rank::of(tp_comm), range_, stage == 0, stage == stages - 1),
+        layers_(c, tp::tp_rank::of(tp_comm), range_, stage == 0, stage == stages - 1, pad_to),
         size_((layers_.layout.size() + pad_to - 1) / pad_to * pad_to), params_(size_, mr), grads_(size_, mr), ws_(0, mr),
         dresid_(0, mr) {
     const auto full = stages == 1 && tp_comm.size() == 1 ? layers_.layout : full_layout(c);
@@ -245,12 +303,23 @@ class stage_model {
   }
   bool checkpointing() const noexcept { return checkpoint_; }
 
-  /// Tied embeddings over pp > 1: this rank's copy of tok_embeddings.weight that must stay
-  /// equal to the other end's (nullopt when there is none).
-  std::optional<loom::nn::param_slot<2>> tied_copy() const {
-    if (!cfg_.tied_output || stages_ == 1 || !(first_stage() || last_stage())) return std::nullopt;
-    return first_stage() ? layers_.tok_embeddings.weight() : layers_.output.local().weight();
+  /// Tied embeddings over pp > 1: the gradient of this rank's copy of tok_embeddings.weight,
+  /// which must stay equal to the other end's copy (empty when there is none).
+  std::span<T> tied_grad() {
+    if (!cfg_.tied_output || stages_ == 1 || !(first_stage() || last_stage())) return {};
+    const auto& w = first_stage() ? layers_.tok_embeddings.weight() : layers_.output.local().weight();
+    const std::size_t at = first_stage() ? layers_.layout.unit_begin(layers_.embedding_unit) + w.offset : layers_.tied_copy_offset;
+    return grads().subspan(at, w.numel());
   }
+
+  /// The units (pieces of the flat buffer that ZeRO-3 gathers one at a time) and the order
+  /// in which a micro-batch's forward / backward reads them.
+  std::size_t units() const noexcept { return layers_.layout.units(); }
+  std::vector<std::size_t> forward_units() const { return layers_.forward_units(); }
+  std::vector<std::size_t> backward_units() const { return layers_.backward_units(); }
+  /// Layers read their parameters from `src` (a ZeRO-3 gatherer) instead of params(); null:
+  /// from params() again. Only between passes.
+  void set_param_source(param_source<P>* src) noexcept { src_ = src; }
 
   /// Weights ~ N(0, std), the two residual projections (wo, w2) N(0, std / sqrt(2 L)), norm
   /// weights 1; element i of the full flat buffer depends on (seed, i) only, so every mesh
@@ -318,28 +387,33 @@ class stage_model {
     LOOM_CHECK(sl.has_targets, "llama3d::backward: micro-batch ", mb,
                " ran forward without targets: call forward(tokens, targets) first");
     const index_t n = sl.batch * sl.seq, d = cfg_.dim;
-    std::span<P> p = params();
-    std::span<T> g = grads();
     if (dresid_.size() != nd_(n, d)) dresid_ = loom::buffer<T>(nd_(n, d), *mr_);
     auto dr = dresid_.view(n, d);
     if (last_stage()) {
       ws_.reset();
       auto dxf = ws_.take(nd_(n, d));  // the logits' gradient (made by forward) is d(loss)/d(logits): dloss is the GEMMs' alpha
-      layers_.output.backward(*tp_, p, g, sl.xf.view(n, d), view2<const T>(sl.dlogits.view(n, layers_.output.local_out_features())),
+      unit_use o(*this, layers_.output_unit);
+      layers_.output.backward(*tp_, o.params(), unit_grads(layers_.output_unit), sl.xf.view(n, d),
+                              view2<const T>(sl.dlogits.view(n, layers_.output.local_out_features())),
                               loom::make_view(dxf.data(), n, d), ws_, /*accumulate=*/false, dloss);
       loom::ops::fill(loom::host{}, dresid_.view(), T(0));
-      layers_.norm.backward(p, g, loom::make_view(static_cast<const T*>(dxf.data()), n, d), resid(sl, range_.layers()),
-                            sl.rstdf.view(), dr);
+      unit_use h = next_use(o, layers_.head_unit);
+      layers_.norm.backward(h.params(), unit_grads(layers_.head_unit), loom::make_view(static_cast<const T*>(dxf.data()), n, d),
+                            resid(sl, range_.layers()), sl.rstdf.view(), dr);
     } else {
       std::copy(sl.dout.begin(), sl.dout.end(), dresid_.begin());
     }
     for (index_t l = range_.layers(); l-- > 0;) {
-      block_acts& a = sl.acts.for_backward(l, [&](block_acts& s) { run_block(sl, l, s); });
+      unit_use u(*this, block_unit(l));
+      block_acts& a = sl.acts.for_backward(l, [&](block_acts& s) { run_block(sl, l, s, u.params()); });
       ws_.reset();
-      block_backward(sl, l, a);
+      block_backward(sl, l, a, u.params());
     }
-    if (first_stage()) layers_.tok_embeddings.backward(g, ids(sl.tokens, n), view2<const T>(dr));
-    else std::copy(dresid_.begin(), dresid_.end(), sl.din.begin());
+    if (first_stage()) {  // reads no parameter: nothing to acquire
+      layers_.tok_embeddings.backward(unit_grads(layers_.embedding_unit), ids(sl.tokens, n), view2<const T>(dr));
+    } else {
+      std::copy(dresid_.begin(), dresid_.end(), sl.din.begin());
+    }
   }
 
   /// mb's activations are no longer needed (after its backward, and after input_grad was sent).
@@ -365,13 +439,20 @@ class stage_model {
     slot& sl = acquire(mb, b, s);
     sl.has_targets = false;
     std::copy_n(tokens.data(), n, sl.tokens.data());
-    std::span<P> p = params();
-    if (first_stage()) layers_.tok_embeddings.forward(*tp_, p, ids(sl.tokens, n), resid(sl, 0));
-    for (index_t l = 0; l < range_.layers(); ++l) run_block(sl, l, sl.acts.for_forward(l));
+    if (first_stage()) {
+      unit_use u(*this, layers_.embedding_unit);
+      layers_.tok_embeddings.forward(*tp_, u.params(), ids(sl.tokens, n), resid(sl, 0));
+    }
+    for (index_t l = 0; l < range_.layers(); ++l) {
+      unit_use u(*this, block_unit(l));
+      run_block(sl, l, sl.acts.for_forward(l), u.params());
+    }
     if (last_stage()) {
-      layers_.norm.forward(p, resid(sl, range_.layers()), sl.xf.view(n, d), sl.rstdf.view());
+      unit_use h(*this, layers_.head_unit);
+      layers_.norm.forward(h.params(), resid(sl, range_.layers()), sl.xf.view(n, d), sl.rstdf.view());
+      unit_use o = next_use(h, layers_.output_unit);
       ws_.reset();
-      layers_.output.forward(*tp_, p, sl.xf.view(n, d), logits_of(sl), ws_);
+      layers_.output.forward(*tp_, o.params(), sl.xf.view(n, d), logits_of(sl), ws_);
     }
     return sl;
   }
@@ -433,11 +514,10 @@ class stage_model {
     if (!first_stage()) sl.din = loom::buffer<T>(n * d, mr);
   }
 
-  /// Block l of this stage: resid(l) -> resid(l + 1), filling its activations a.
-  void run_block(slot& sl, index_t l, block_acts& a) {
+  /// Block l of this stage: resid(l) -> resid(l + 1), filling its activations a; p: its unit.
+  void run_block(slot& sl, index_t l, block_acts& a, std::span<P> p) {
     const index_t n = sl.batch * sl.seq, d = cfg_.dim;
     const auto& blk = layers_.blocks[static_cast<std::size_t>(l)];
-    std::span<P> p = params();
     ws_.reset();
     auto x = resid(sl, l), out = resid(sl, l + 1);
     blk.attention_norm.forward(p, x, a.xn1.view(n, d), a.rstd1.view());
@@ -450,11 +530,10 @@ class stage_model {
 
   /// dresid_ holds dL/d(resid(l + 1)) on entry and dL/d(resid(l)) on return, updated in place;
   /// parameter gradients added.
-  void block_backward(slot& sl, index_t l, block_acts& a) {
+  void block_backward(slot& sl, index_t l, block_acts& a, std::span<P> p) {
     const index_t n = sl.batch * sl.seq, d = cfg_.dim, b = sl.batch, s = sl.seq;
     const auto& blk = layers_.blocks[static_cast<std::size_t>(l)];
-    std::span<P> p = params();
-    std::span<T> g = grads();
+    std::span<T> g = unit_grads(block_unit(l));
     auto dr = dresid_.view(n, d);
     // out = h + mlp(ffn_norm(h)):  dh = dout + ffn_norm'(mlp'(dout))
     auto dxn2 = ws_.take(nd_(n, d));  // written by the branch's backward, not added into
@@ -467,6 +546,43 @@ class stage_model {
     blk.attention_norm.backward(p, g, loom::make_view(static_cast<const T*>(dxn1.data()), n, d), resid(sl, l),
                                 a.rstd1.view(), dr);
   }
+
+  // The parameters of unit u for one use: a piece of params(), or what the source gathered
+  // (given back when the use ends).
+  class unit_use {
+   public:
+    unit_use(stage_model& m, std::size_t u)
+        : m_(&m), u_(u), p_(m.src_ ? m.src_->acquire(u) : m.layers_.layout.unit(m.params(), u)) {}
+    unit_use(unit_use&& o) noexcept : m_(std::exchange(o.m_, nullptr)), u_(o.u_), p_(o.p_) {}
+    unit_use(const unit_use&) = delete;
+    unit_use& operator=(const unit_use&) = delete;
+    unit_use& operator=(unit_use&&) = delete;
+    ~unit_use() {
+      try {
+        done();
+      } catch (...) {  // unwinding from a failed pass: the source reports its own state
+      }
+    }
+    std::size_t unit() const noexcept { return u_; }
+    std::span<P> params() const noexcept { return p_; }
+    void done() {
+      if (m_ && m_->src_) m_->src_->release(u_);
+      m_ = nullptr;
+    }
+
+   private:
+    stage_model* m_;
+    std::size_t u_;
+    std::span<P> p_;
+  };
+  /// The use of unit u that follows `cur`: cur itself when it is the same unit, else cur ends first.
+  unit_use next_use(unit_use& cur, std::size_t u) {
+    if (cur.unit() == u) return std::move(cur);
+    cur.done();
+    return unit_use(*this, u);
+  }
+  std::size_t block_unit(index_t l) const noexcept { return layers_.first_block_unit + static_cast<std::size_t>(l); }
+  std::span<T> unit_grads(std::size_t u) { return layers_.layout.unit(grads(), u); }
 
   static void add(T* y, const T* x, index_t n) { loom::ops::add(loom::host{}, loom::make_view(y, n), loom::make_view(x, n)); }
   view2<T> resid(slot& sl, index_t l) {
@@ -491,6 +607,7 @@ class stage_model {
   loom::nn::workspace<T> ws_;
   loom::buffer<T> dresid_;  // backward: the gradient of the residual stream, from the top block down
   bool checkpoint_ = false;
+  param_source<P>* src_ = nullptr;
   std::vector<slot> pool_;
   std::vector<std::size_t> free_;
   std::map<int, std::size_t> live_;

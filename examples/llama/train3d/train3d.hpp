@@ -227,9 +227,7 @@ class trainer {
       auto& md = *ck->model;
       if (opt_.zero_stage == 3) md.drop_params();
       // 3. tied embedding copies (virtual stage 0 on pp rank 0, the last one on pp rank p-1)
-      if (auto tied = md.tied_copy()) {
-        auto g = tied->in(md.grads());
-        std::span<T> gs(g.data(), tied->numel());
+      if (std::span<T> gs = md.tied_grad(); !gs.empty()) {
         loom::buffer<T> other(gs.size(), *mr_);
         const int peer = md.first_stage() ? opt_.mesh.pp - 1 : 0;
         constexpr int to_last = 32766, to_first = 32767;  // the executor's transfers are all matched by now

@@ -6,7 +6,13 @@
 // optimizer runs over one span. A `param_layout` is built once while the model declares its
 // layers (name, shape, in declaration order, each tensor starting on an `align`-element
 // boundary so kernels see aligned rows); its `entries()` — (name, offset, shape, numel) — is
-// what ZeRO and checkpoint writers read. A `param_store<P, G>` owns the parameter buffer
+// what ZeRO and checkpoint writers read. A layout may be cut into *units* (begin_unit): the
+// pieces ZeRO-3 gathers one at a time (an embedding, a decoder block, the head). A slot's
+// offset is relative to the start of its unit, so a layer reads its parameters from the
+// unit's span wherever that span lives: a piece of the whole flat buffer, or a gathered copy
+// in a ZeRO-3 arena. Entries keep offsets in the whole buffer. A layout that never begins a
+// unit is one unit starting at 0 (slot offsets are then offsets in the whole buffer).
+// A `param_store<P, G>` owns the parameter buffer
 // (stored as P: float, bfloat16, half) and the gradient buffer (G, the compute type) of one
 // layout. Padding elements between tensors are zero and get zero gradients.
 
@@ -20,6 +26,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <numeric>
 #include <span>
 #include <string>
 #include <string_view>
@@ -72,20 +79,54 @@ class param_layout {
     LOOM_CHECK(align >= 1, "param_layout: align must be >= 1, got align=", align);
   }
 
-  /// Appends a parameter; names must be unique.
+  /// Appends a parameter to the current unit; names must be unique. The slot's offset is
+  /// relative to the unit's start.
   template <std::size_t R>
   param_slot<R> add(std::string name, const extents<R>& shape) {
     LOOM_CHECK(!contains(name), "param_layout: duplicate parameter name '", name, "'");
-    param_slot<R> slot{round_up(size_), shape};
     for (auto e : shape) LOOM_CHECK(e > 0, "param_layout: parameter '", name, "' has an extent ", e, " (must be > 0)");
-    entries_.push_back({std::move(name), slot.offset, std::vector<index_t>(shape.begin(), shape.end()), slot.numel()});
-    size_ = slot.offset + slot.numel();
+    const std::size_t at = round_up(size_);
+    param_slot<R> slot{at - unit_begin_.back(), shape};
+    entries_.push_back({std::move(name), at, std::vector<index_t>(shape.begin(), shape.end()), slot.numel()});
+    size_ = at + slot.numel();
     return slot;
   }
 
+  /// Starts a new unit at the next multiple of lcm(align, multiple) elements (so units whose
+  /// sizes are multiples of a data-parallel size split evenly over it). Returns its index.
+  /// A unit holds at least one parameter before the next begins.
+  std::size_t begin_unit(std::size_t multiple = 1) {
+    LOOM_CHECK(multiple >= 1, "param_layout::begin_unit: multiple must be >= 1, got multiple=", multiple);
+    if (entries_.empty()) {  // the first unit starts at 0
+      unit_multiple_ = std::lcm(unit_multiple_, lcm(multiple));
+      return 0;
+    }
+    LOOM_CHECK(entries_.back().offset + entries_.back().numel > unit_begin_.back(),
+               "param_layout::begin_unit: unit ", unit_begin_.size() - 1, " has no parameter");
+    unit_multiple_ = std::lcm(unit_multiple_, lcm(multiple));
+    size_ = (size_ + unit_multiple_ - 1) / unit_multiple_ * unit_multiple_;
+    unit_begin_.push_back(size_);
+    return unit_begin_.size() - 1;
+  }
+  std::size_t units() const noexcept { return unit_begin_.size(); }
+  /// Unit u is [unit_begin(u), unit_end(u)) of the flat buffer; the last unit ends at size().
+  std::size_t unit_begin(std::size_t u) const noexcept { return unit_begin_[u]; }
+  std::size_t unit_end(std::size_t u) const noexcept { return u + 1 < unit_begin_.size() ? unit_begin_[u + 1] : size(); }
+  /// Unit u's elements in a flat buffer of this layout.
+  template <class E>
+  std::span<E> unit(std::span<E> flat, std::size_t u) const {
+    LOOM_CHECK(u < units() && unit_end(u) <= flat.size(), "param_layout::unit: unit ", u, " of ", units(),
+               " does not fit a flat buffer of ", flat.size(), " elements");
+    return flat.subspan(unit_begin(u), unit_end(u) - unit_begin(u));
+  }
+
   const std::vector<param_info>& entries() const noexcept { return entries_; }
-  /// Elements in the flat buffer, padding included (rounded up to `align`).
-  std::size_t size() const noexcept { return round_up(size_); }
+  /// Elements in the flat buffer, padding included (rounded up to `align`, and to the unit
+  /// multiple once units were begun).
+  std::size_t size() const noexcept {
+    const std::size_t m = unit_multiple_;
+    return (round_up(size_) + m - 1) / m * m;
+  }
   /// Elements that belong to parameters (padding excluded).
   std::size_t parameter_count() const noexcept {
     std::size_t n = 0;
@@ -104,8 +145,11 @@ class param_layout {
 
  private:
   std::size_t round_up(std::size_t n) const noexcept { return (n + align_ - 1) / align_ * align_; }
+  std::size_t lcm(std::size_t m) const noexcept { return std::lcm(align_, m); }
   std::size_t align_;
   std::size_t size_ = 0;
+  std::size_t unit_multiple_ = 1;
+  std::vector<std::size_t> unit_begin_{0};
   std::vector<param_info> entries_;
 };
 
