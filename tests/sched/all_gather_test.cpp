@@ -22,10 +22,10 @@ layer_layout make_layout(const std::vector<std::size_t>& numel, const std::vecto
 }
 
 // Independent replay: per step, live and ahead-of-use elements right after acquire.
-void check_plan_invariants(const layer_layout& lay, const all_gather_plan& p) {
+void check_plan_invariants(const layer_layout& lay, const all_gather_plan& p, bool default_trace = true) {
   const std::size_t T = p.trace.size(), L = lay.layers();
-  REQUIRE(T == 2 * L);
-  for (std::size_t t = 0; t < L; ++t) {
+  if (default_trace) REQUIRE(T == 2 * L);
+  for (std::size_t t = 0; default_trace && t < L; ++t) {
     CHECK(p.trace[t].layer == t);
     CHECK(p.trace[t].phase == pass::forward);
     CHECK(p.trace[T - 1 - t].layer == t);
@@ -101,6 +101,36 @@ TEST_CASE("all_gather plan: hand-checked prefetch and release schedule") {
   CHECK(r.peak_live_numel == 300);
   CHECK(r.instances[2].issue_step == 0);
   CHECK(r.instances[3].issue_step == 1);
+}
+
+TEST_CASE("all_gather plan: a given trace (a pipeline stage's passes) shares a copy only between consecutive uses") {
+  // 3 layers of 100; two micro-batches, each forward 0 1 2 then backward 2 1 0 (1F1B on one
+  // stage): by hand, consecutive uses of a layer (f2 b2, b0 f0 of the next micro-batch, ...)
+  // share one copy: instances {0} {1} {2,3} {4} {5,6} {7} {8,9} {10} {11}.
+  const auto lay = make_layout({100, 100, 100}, {0, 1, 2}, 2);
+  std::vector<trace_step> trace;
+  for (int mb = 0; mb < 2; ++mb) {
+    for (std::size_t l : {0, 1, 2}) trace.push_back({l, pass::forward});
+    for (std::size_t l : {2, 1, 0}) trace.push_back({l, pass::backward});
+  }
+  all_gather_options o;
+  o.prefetch_numel = 100;
+  o.persistence_threshold = 0;
+  const all_gather_plan p = plan_all_gather(lay, trace, o);
+  check_plan_invariants(lay, p, false);
+  REQUIRE(p.instances.size() == 9);
+  const std::vector<std::pair<std::size_t, std::size_t>> spans = {{0, 0}, {1, 1}, {2, 3}, {4, 4}, {5, 6},
+                                                                   {7, 7}, {8, 9}, {10, 10}, {11, 11}};
+  for (std::size_t k = 0; k < spans.size(); ++k) {
+    CAPTURE(k);
+    CHECK(p.instances[k].first_step == spans[k].first);
+    CHECK(p.instances[k].last_step == spans[k].second);
+    CHECK(p.instances[k].layer == trace[spans[k].first].layer);
+  }
+  CHECK(p.peak_live_numel == 200);  // the copy in use and one prefetched
+  CHECK_THROWS_WITH_AS(plan_all_gather(lay, {{3, pass::forward}}, o), doctest::Contains("uses layer 3 of a model with 3 layers"),
+                       loom::error);
+  CHECK_THROWS_WITH_AS(plan_all_gather(lay, {}, o), doctest::Contains("trace of layer uses is empty"), loom::error);
 }
 
 TEST_CASE("all_gather plan: persistent parameters are not gathered; limits are errors") {

@@ -210,3 +210,80 @@ TEST_CASE("engine: bad configuration is a clear error") {
                          doctest::Contains("stage3_max_live_parameters=10"), loom::error);
   });
 }
+
+namespace {
+// The toy model driven through the engine's phases, as a pipeline stage drives it: layers
+// acquired in the gather trace's order, gradients assigned into accumulation(), then
+// reduce_accumulated, this rank's slices for the norm, apply.
+template <class Stage>
+run_result phases_run(int world) {
+  run_result out;
+  comm::run_ranks(world, [&](comm::thread_comm& c) {
+    host_memory_resource states("states"), scratch("scratch"), host("host");
+    const std::size_t L = kLayers, D = kWidth;
+    toy_mlp model(L, D);
+    zero::engine<Stage, float, comm::thread_comm> e(
+        c, zero::flat_layout(toy_mlp::specs(L, D), std::size_t(world)), small_options(), {&states, &scratch, &host},
+        [D](std::size_t p, std::size_t first, std::span<float> v) { toy_mlp::init(D, p, first, v); });
+    const auto& sz = e.layout().sizes();
+    std::vector<float*> ptrs(sz.params()), gptrs(sz.params());
+    run_result r;
+    const std::size_t local = kBatch / std::size_t(world);
+    for (std::size_t s = 0; s < kSteps; ++s) {
+      model.set_batch(s, std::size_t(c.rank()) * local, local);
+      auto use = [&](std::size_t l, auto&& fn) {
+        e.acquire_layer(l);
+        for (std::size_t p = sz.layer_begin(l); p < sz.layer_end(l); ++p) {
+          ptrs[p] = e.parameter(p).data();
+          gptrs[p] = e.accumulation().data() + sz.offset(p);
+        }
+        fn(zero::layer_params<const float>(e.layout(), l, ptrs.data()), zero::layer_params<float>(e.layout(), l, gptrs.data()));
+        e.release_layer(l);
+      };
+      for (std::size_t l = 0; l < L; ++l) use(l, [&](const auto& p, const auto&) { model.forward(l, p); });
+      float loss = model.loss();
+      c.all_reduce(std::span<const float>(&loss, 1), std::span<float>(&loss, 1), comm::reduce_op::avg);
+      r.losses.push_back(loss);
+      for (std::size_t l = L; l-- > 0;) use(l, [&](const auto& p, const auto& g) { model.backward(l, p, g); });
+      e.reduce_accumulated();
+      double sq = 0;
+      std::size_t counted = 0;
+      e.for_each_gradient_slice([&](std::size_t, std::span<const float> g) {
+        for (float x : g) sq += double(x) * x;
+        counted += g.size();
+      });
+      c.all_reduce(std::span<const std::size_t>(&counted, 1), std::span<std::size_t>(&counted, 1), comm::reduce_op::sum);
+      CHECK(counted == sz.padded_total());  // the slices of the ranks partition the gradient
+      e.apply(1.f / float(world));
+    }
+    r.final_master = e.gather_master();
+    if (c.rank() == 0) out = r;
+  });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("engine phases (acquire/release, accumulation, reduce, slices, apply) reproduce forward/backward/step") {
+  for (int world : {1, 2, 4}) {
+    CAPTURE(world);
+    check_close(phases_run<zero::stage0>(world), engine_run<zero::stage0, float>(world, small_options()), 1e-6);
+    check_close(phases_run<zero::stage1>(world), engine_run<zero::stage1, float>(world, small_options()), 1e-6);
+    check_close(phases_run<zero::stage2>(world), engine_run<zero::stage2, float>(world, small_options()), 1e-6);
+    check_close(phases_run<zero::stage3>(world), engine_run<zero::stage3, float>(world, small_options()), 1e-6);
+  }
+}
+
+TEST_CASE("engine phases: a layer asked for out of the gather trace's order is an error naming both") {
+  comm::run_ranks(2, [](comm::thread_comm& c) {
+    host_memory_resource states("states"), scratch("scratch"), host("host");
+    zero::engine<zero::stage3, float, comm::thread_comm> e(
+        c, zero::flat_layout(toy_mlp::specs(2, 4), 2), small_options(), {&states, &scratch, &host},
+        [](std::size_t p, std::size_t first, std::span<float> v) { toy_mlp::init(4, p, first, v); });
+    CHECK_THROWS_WITH_AS(e.acquire_layer(1), doctest::Contains("layer 1 asked for at step 0 of the gather trace, which expects layer 0"),
+                         loom::error);
+    e.acquire_layer(0);
+    CHECK_THROWS_WITH_AS(e.release_layer(1), doctest::Contains("layer 1 was not acquired"), loom::error);
+    e.release_layer(0);
+    CHECK_THROWS_WITH_AS(e.set_gather_trace({}), doctest::Contains("only between traces"), loom::error);
+  });
+}

@@ -129,3 +129,24 @@ TEST_CASE("llama-train: the seed's ds_config_zero3.json trains on 4 thread ranks
   std::remove(o.config_path.c_str());
   CHECK(std::abs(four.steps[0].loss - fp32.steps[0].loss) <= 1e-2 * fp32.steps[0].loss);
 }
+
+TEST_CASE("llama-train: with the seed's ds_config_zero3.json a rank holds its parameter shard plus one gathered block") {
+  // 4 ranks, 8 decoder blocks, fp16 parameters. The config's "auto" stage-3 knobs resolve to
+  // a prefetch bucket of 0.9 h^2 and a persistence threshold of 10 h (h = dim = 32): every
+  // unit is gathered, and none fits the prefetch bucket, so at most one unit is gathered at a
+  // time: peak = S/4 + U_max (bytes), with S the unpartitioned stage and U_max its largest
+  // unit -- against S without ZeRO-3.
+  auto o = small(4);
+  o.model.n_layers = 8;
+  o.steps = 2;
+  o.batch = 1024 / 8 / 4;
+  o.config_path = LOOM_SEED_CONFIG;
+  const auto r = llama_train::run(o, nullptr);
+  const std::size_t S = r.parameter_full_bytes, U = r.largest_unit_bytes;
+  REQUIRE(S > 0);
+  CHECK(r.parameter_peak_bytes == S / 4 + U);
+  CHECK(r.parameter_peak_bytes < S / 2);
+  MESSAGE("seed ZeRO-3 config, 4 ranks, 8 blocks: peak parameter bytes ", r.parameter_peak_bytes, " of ", S, " (",
+          double(r.parameter_peak_bytes) / double(S), "), largest unit ", U);
+  for (const auto& st : r.steps) CHECK(std::isfinite(st.loss));
+}

@@ -266,24 +266,23 @@ class stage_model {
   bool first_stage() const noexcept { return stage_ == 0; }
   bool last_stage() const noexcept { return stage_ == stages_ - 1; }
   stage_range layers() const noexcept { return range_; }
-  std::span<P> params() noexcept { return params_.span(); }
-  std::span<const P> params() const noexcept { return params_.span(); }
-  std::span<T> grads() noexcept { return grads_.span(); }
-  std::span<const T> grads() const noexcept { return grads_.span(); }
+  std::span<P> params() noexcept { return pview_; }
+  std::span<const P> params() const noexcept { return pview_; }
+  std::span<T> grads() noexcept { return gview_; }
+  std::span<const T> grads() const noexcept { return gview_; }
   const loom::nn::param_layout& layout() const noexcept { return layers_.layout; }
   /// Elements of the flat parameter / gradient buffers (layout size padded to pad_to).
   std::size_t size() const noexcept { return size_; }
   const tp::shard_list& shards() const noexcept { return layers_.shards; }
-  void zero_grad() { loom::ops::fill(loom::host{}, grads_.view(), T(0)); }
-  /// ZeRO-3 / ZeRO-2: drop the full parameter / gradient buffer between steps, and bring it
-  /// back (uninitialised) before the next one.
-  void drop_params() noexcept { params_.release(); }
-  void drop_grads() noexcept { grads_.release(); }
-  void ensure_params() {
-    if (params_.empty()) params_ = loom::buffer<P>(size_, *mr_);
-  }
-  void ensure_grads() {
-    if (grads_.empty()) grads_ = loom::buffer<T>(size_, *mr_);
+  void zero_grad() { loom::ops::fill(loom::host{}, loom::make_view(gview_.data(), static_cast<index_t>(gview_.size())), T(0)); }
+  /// Parameters and gradients live elsewhere from now on (a ZeRO engine's buffers, in this
+  /// model's layout, size() elements each); the model's own buffers are given back. params
+  /// may be empty when a param_source provides every unit (ZeRO-3).
+  void use_storage(std::span<P> params, std::span<T> grads) {
+    LOOM_CHECK((params.empty() || params.size() == size_) && grads.size() == size_, "llama3d::use_storage: buffers of ",
+               params.size(), " and ", grads.size(), " elements for a model of size ", size_);
+    params_.release(), grads_.release();
+    pview_ = params, gview_ = grads;
   }
   /// Where `name` starts in the single-rank flat buffer.
   std::size_t full_offset(const std::string& name) const { return full_offset_.at(name); }
@@ -603,6 +602,8 @@ class stage_model {
   std::size_t size_;
   loom::buffer<P> params_;
   loom::buffer<T> grads_;
+  std::span<P> pview_ = params_.span();  // params_, or the storage use_storage gave
+  std::span<T> gview_ = grads_.span();
   std::map<std::string, std::size_t> full_offset_;
   loom::nn::workspace<T> ws_;
   loom::buffer<T> dresid_;  // backward: the gradient of the residual stream, from the top block down

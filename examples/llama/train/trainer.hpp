@@ -87,6 +87,10 @@ struct train_result {
   std::vector<step_record> steps;
   std::vector<float> params;  ///< final model parameters, widened to float
   std::int64_t parameter_count = 0;
+  /// Several ranks / ZeRO (rank 0): the most parameter memory the rank held (its share of
+  /// the parameters plus what ZeRO-3 gathered at once), and the unpartitioned model's bytes.
+  std::size_t parameter_peak_bytes = 0, parameter_full_bytes = 0;
+  std::size_t largest_unit_bytes = 0;  ///< the largest piece ZeRO-3 gathers (a decoder block, the embedding)
 };
 
 /// The resolved ds_config for these options (defaults when no --config).
@@ -240,7 +244,7 @@ class trainer {
   }
 
   std::vector<float> params_as_float() const {
-    std::vector<float> v(model_.parameter_count());
+    std::vector<float> v(model_.params().size());  // the flat buffer, as the mesh trainer's consolidated_master
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(model_.params()[i]);
     return v;
   }

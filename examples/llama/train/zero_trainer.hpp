@@ -2,25 +2,20 @@
 // Data-parallel LLaMA training with ZeRO: `llama-train --ranks N` (thread ranks), or the
 // same binary under `mpirun -np N` (MPI processes, when built with loom::mpi).
 //
-// Each rank holds a llama::model (its forward/backward work on the model's own flat
-// buffers), a token loader reading its stride of every global batch, and a zero::engine
-// that owns the rank's model states as the configured stage partitions them. The LLaMA's
-// forward and backward are whole-model calls, so the adapter below presents the model to
-// the engine as layers (embedding, one per transformer block, final norm + output) whose
-// parameters are copied into the model before the whole-model forward runs at the last
-// layer, and whose gradients are copied out (converted to the parameter type, times the
-// loss scale) during the engine's backward. The engine then does what ZeRO does: bucketed
-// all-reduce / reduce-scatter of gradients, AdamW on each rank's fp32 master shard,
-// parameter all-gather (stage 3: layer by layer through the all-gather scheduler).
-// Consequence, said plainly: the model's own full parameter and gradient buffers exist on
-// every rank besides the engine's partitioned states; the memory line reports the engine's
-// states (what ZeRO partitions). A layer-wise model (tests/zero's toy model) avoids that.
-//
-// Same step as trainer.hpp: G micro-batches, loss scaling with overflow skip, clipping,
-// lr schedule; the loss printed is the mean over all ranks.
+// This is the mesh trainer (train3d/train3d.hpp) at dp = N, tp = pp = 1: one trainer, the
+// library's zero::engine owning each rank's parameters, gradients and optimizer state as the
+// configured stage partitions them (stage 3 gathers one decoder block at a time, with the
+// config's prefetch bucket and live-parameters cap), and the model's layers reading their
+// parameters from the engine. What this file adds is llama-train's side: the ds_config's
+// options, the data (examples/common/batches.hpp: the same micro-batches as the single-rank
+// trainer, in the same order), the lr schedule and llama-train's progress lines.
 
 #include "trainer.hpp"  // options, results, progress_line
 
+#include <common/batches.hpp>
+#include <common/loss_scaler.hpp>
+#include <common/zero_options.hpp>
+#include <llama/train3d/train3d.hpp>
 #include <loom/comm/thread_comm.hpp>
 #include <loom/zero/engine.hpp>
 #ifdef LOOM_HAS_MPI
@@ -35,143 +30,74 @@
 
 namespace llama_train {
 
-/// Engine layer of a LLaMA parameter: 0 embedding, 1 + i for block i, n_layers + 1 for the rest.
-inline std::size_t zero_layer_of(const std::string& name, loom::index_t n_layers) {
-  if (name.rfind("tok_embeddings", 0) == 0) return 0;
-  if (name.rfind("layers.", 0) == 0) return 1 + std::stoul(name.substr(7));
-  return static_cast<std::size_t>(n_layers) + 1;
+/// The mesh trainer's options for a resolved ds_config on `world` data-parallel ranks.
+inline llama3d::train_options zero_train_options(const options& o, const loom::io::ds_config& c, int world) {
+  const loom::zero::engine_options e = examples::zero_engine_options(c);
+  llama3d::train_options t;
+  t.mesh = {world, 1, 1};
+  t.zero_stage = c.zero.stage;
+  t.schedule = "1f1b";  // one pipeline stage: each micro-batch's forward, then its backward
+  t.micro_batches = static_cast<int>(c.gradient_accumulation_steps);
+  t.micro_batch_size = static_cast<loom::index_t>(c.train_micro_batch_size_per_gpu);
+  t.seq = o.model.seq_len;
+  t.adamw = e.adamw;
+  t.gradient_clipping = e.gradient_clipping;
+  t.stage3 = e.stage3;
+  t.offload_optimizer = e.offload_optimizer;
+  t.nvme_path = e.nvme_path;
+  t.seed = o.seed;
+  t.checkpointing = o.checkpointing || c.activation_checkpointing.enabled;
+  t.loss_scaler = examples::make_loss_scaler(c);
+  return t;
 }
 
-/// The LLaMA as a zero::layered_model (see the file comment).
-template <class P>
-struct zero_llama_adapter {
-  llama::model<P>* model;
-  const loom::zero::flat_layout* layout;
-  std::vector<std::size_t> model_offset;  // engine parameter -> offset in the model's flat buffer
-  loom::data::token_loader* loader;
-  loom::data::token_batch* batch;
-  std::int64_t G = 1;
-  float scale = 1.f;
-  double loss = 0;
-
-  template <class T>
-  void forward(std::size_t l, const loom::zero::layer_params<const T>& p) {
-    auto dst = model->params();
-    for (std::size_t k = 0; k < p.size(); ++k) std::ranges::copy(p.span(k), dst.begin() + model_offset[p.global_index(k)]);
-    if (l + 1 != layout->layers()) return;
-    model->zero_grad();
-    loss = 0;
-    for (std::int64_t m = 0; m < G; ++m) {
-      loader->next(*batch);
-      const loom::extents<2> shape{static_cast<loom::index_t>(batch->batch), static_cast<loom::index_t>(batch->seq_len)};
-      loss += model->forward({batch->tokens.data(), shape}, {batch->targets.data(), shape}) / static_cast<double>(G);
-      model->backward(scale / static_cast<float>(G));
-    }
-  }
-  template <class T>
-  void backward(std::size_t, const loom::zero::layer_params<const T>&, const loom::zero::layer_params<T>& g) {
-    auto src = model->grads();
-    for (std::size_t k = 0; k < g.size(); ++k) {
-      auto out = g.span(k);
-      const std::size_t off = model_offset[g.global_index(k)];
-      for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<T>(src[off + i]);
-    }
-  }
-};
-
-inline loom::zero::offload_device zero_offload(loom::io::offload_device d) {
-  switch (d) {
-    case loom::io::offload_device::cpu: return loom::zero::offload_device::cpu;
-    case loom::io::offload_device::nvme: return loom::zero::offload_device::nvme;
-    default: return loom::zero::offload_device::none;
-  }
-}
-
-/// The engine options a resolved ds_config asks for.
-inline loom::zero::engine_options zero_engine_options(const loom::io::ds_config& c) {
-  loom::zero::engine_options e;
-  e.adamw = c.optimizer.adamw();
-  e.reduce_bucket_numel = static_cast<std::size_t>(c.zero.reduce_bucket_size.value);
-  e.overlap_comm = c.zero.overlap();
-  e.contiguous_gradients = c.zero.contiguous_gradients;
-  e.stage3 = {static_cast<std::size_t>(c.zero.stage3_prefetch_bucket_size.value),
-              static_cast<std::size_t>(c.zero.stage3_max_live_parameters),
-              static_cast<std::size_t>(c.zero.stage3_param_persistence_threshold.value)};
-  e.gradient_clipping = c.gradient_clipping.value;
-  e.offload_optimizer = zero_offload(c.zero.offload_optimizer.device);
-  e.nvme_path = c.zero.offload_optimizer.nvme_path;
-  return e;
-}
-
-template <class Stage, class P, loom::comm::communicator C>
+template <class P, loom::comm::communicator C>
 train_result run_zero_rank(C& comm, const options& o, const loom::io::ds_config& c, std::ostream* log) {
   const int rank = comm.rank(), world = comm.size();
   if (rank == 0 && log && c.zero.offload_param.device == loom::io::offload_device::cpu)
     *log << "llama-train: offload_param cpu: the host backend keeps parameters in host memory already" << std::endl;
-  loom::host_memory_resource model_mem("llama-model"), states("zero-states"), scratch("zero-scratch"), host("zero-host");
-  llama::model<P> model(o.model, model_mem);
-  model.init(o.seed);
-  model.set_checkpointing(o.checkpointing || c.activation_checkpointing.enabled);
-  const std::int64_t G = c.gradient_accumulation_steps, micro = c.train_micro_batch_size_per_gpu;
-  loom::data::token_loader loader(loom::data::open_shards(o.data, loom::data::token_width::u16),
-                                  {.seq_len = std::size_t(o.model.seq_len), .batch = std::size_t(micro),
-                                   .vocab_size = std::uint32_t(o.model.vocab), .seed = o.seed, .rank = rank, .world = world});
+  loom::host_memory_resource mem("llama-train rank"), params("parameters");
+  const llama3d::train_options to = zero_train_options(o, c, world);
+  llama3d::trainer<P, float, C> t(comm, o.model, to, mem, &params);
+  const int G = world * to.micro_batches;  // micro-batches per step, all ranks together
+  examples::batch_loader loader = examples::make_batch_loader(o.data, o.model.vocab, o.model.seq_len, to.micro_batch_size, o.seed);
   loom::data::token_batch batch;
-
-  // engine layout: the model's parameters grouped by layer (stable order within a layer)
-  std::vector<loom::nn::param_info> entries = model.layout().entries();
-  std::stable_sort(entries.begin(), entries.end(), [&](const auto& a, const auto& b) {
-    return zero_layer_of(a.name, o.model.n_layers) < zero_layer_of(b.name, o.model.n_layers);
-  });
-  std::vector<loom::zero::param_spec> specs;
-  zero_llama_adapter<P> adapter{&model, nullptr, {}, &loader, &batch, G};
-  for (const auto& e : entries) {
-    specs.push_back({e.name, e.shape, zero_layer_of(e.name, o.model.n_layers)});
-    adapter.model_offset.push_back(e.offset);
-  }
-  const std::span<const P> init_params = model.params();
-  loom::zero::engine<Stage, P, C> engine(
-      comm, loom::zero::flat_layout(std::move(specs), std::size_t(world)), zero_engine_options(c), {&states, &scratch, &host},
-      [&](std::size_t p, std::size_t first, std::span<float> out) {
-        for (std::size_t k = 0; k < out.size(); ++k) out[k] = static_cast<float>(init_params[adapter.model_offset[p] + first + k]);
-      });
-  adapter.layout = &engine.layout();
-
-  any_loss_scaler scaler = make_loss_scaler(c);
+  const auto data = [&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+    examples::global_micro_batch(loader, step, g, G, batch);
+    std::copy(batch.tokens.begin(), batch.tokens.end(), tok.begin());
+    std::copy(batch.targets.begin(), batch.targets.end(), tgt.begin());
+  };
   const auto sched = c.lr_schedule();
-
   train_result res;
-  res.parameter_count = static_cast<std::int64_t>(model.parameter_count());
-  std::int64_t iteration = 0;
+  res.parameter_count = static_cast<std::int64_t>(t.model().layout().parameter_count());
   for (std::int64_t s = 1; s <= o.steps; ++s) {
-    const auto t0 = std::chrono::steady_clock::now();
-    adapter.scale = std::visit([](const auto& sc) { return sc.scale(); }, scaler);
-    const float lr = sched.lr(iteration);
-    engine.set_lr(lr);
-    engine.forward(adapter);
-    engine.backward(adapter);
-    const bool applied = engine.step(1.f / adapter.scale);
-    std::visit([&](auto& sc) { sc.update(!applied); }, scaler);
-    if (applied) ++iteration;
-    float loss = static_cast<float>(adapter.loss);
-    comm.all_reduce(std::span<const float>(&loss, 1), std::span<float>(&loss, 1), loom::comm::reduce_op::avg);
-    step_record r{.step = s, .loss = loss, .lr = lr, .scale = adapter.scale, .skipped = !applied,
-                  .grad_norm = engine.last_grad_norm()};
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double tokens = static_cast<double>(G * micro * world * o.model.seq_len);
+    const float lr = sched.lr(t.steps());  // a skipped step does not advance the schedule (DeepSpeed)
+    t.set_lr(lr);
+    const auto st = t.step(data);
+    step_record r{.step = s, .loss = st.loss, .lr = lr, .scale = st.loss_scale, .skipped = st.skipped,
+                  .grad_norm = st.grad_norm};
+    r.seconds = st.seconds;
+    const double tokens = static_cast<double>(G * to.micro_batch_size * o.model.seq_len);
     r.tokens_per_s = tokens / r.seconds;
-    r.flops_per_s = tokens * model.flops_per_token(o.model.seq_len) / r.seconds;
-    r.mem_bytes = states.current_bytes(), r.peak_bytes = states.peak_bytes();
+    r.flops_per_s = tokens * o.model.flops_per_token(o.model.seq_len) / r.seconds;
+    r.mem_bytes = mem.current_bytes() + params.current_bytes(), r.peak_bytes = mem.peak_bytes() + params.peak_bytes();
     if (rank == 0 && log && (s % o.print_every == 0 || s == o.steps))
-      *log << progress_line(r, o.steps, c.precision() == loom::dtype::f16) << " | rank0 zero states" << std::endl;
+      *log << progress_line(r, o.steps, c.precision() == loom::dtype::f16) << " | rank0" << std::endl;
     res.steps.push_back(r);
   }
-  res.params = engine.gather_master();
+  res.params = t.consolidated_master();
+  res.parameter_peak_bytes = params.peak_bytes();
+  res.parameter_full_bytes = t.model().size() * sizeof(P);
+  const auto& L = t.model().layout();
+  for (std::size_t u = 0; u < L.units(); ++u)
+    res.largest_unit_bytes = std::max(res.largest_unit_bytes, (L.unit_end(u) - L.unit_begin(u)) * sizeof(P));
   if (rank == 0 && log) {
-    const auto b = engine.bytes();
-    *log << "zero stage " << Stage::level << " x " << world << " ranks: per-rank states " << b.parameters << " B params + "
+    const auto b = t.bytes();
+    *log << "zero stage " << c.zero.stage << " x " << world << " ranks: per-rank states " << b.parameters << " B params + "
          << b.persistent << " B persistent + " << b.gradients << " B grads + " << b.optimizer << " B optimizer ("
-         << (engine.optimizer().where() == loom::zero::offload_device::none ? "on device" : "offloaded") << ")" << std::endl;
+         << (to.offload_optimizer == loom::zero::offload_device::none ? "on device" : "offloaded")
+         << "); peak parameter memory " << params.peak_bytes() << " B of " << t.model().size() * sizeof(P)
+         << " B unpartitioned" << std::endl;
   }
   return res;
 }
@@ -192,14 +118,11 @@ inline int mpi_launch_rank() {
 
 template <class C>
 train_result run_zero_on(C& comm, const options& o, const loom::io::ds_config& c, std::ostream* log) {
-  return loom::zero::dispatch_stage(c.zero.stage, [&](auto stage) {
-    using S = decltype(stage);
-    switch (c.precision()) {
-      case loom::dtype::bf16: return run_zero_rank<S, loom::bfloat16>(comm, o, c, log);
-      case loom::dtype::f16: return run_zero_rank<S, loom::half>(comm, o, c, log);
-      default: return run_zero_rank<S, float>(comm, o, c, log);
-    }
-  });
+  switch (c.precision()) {
+    case loom::dtype::bf16: return run_zero_rank<loom::bfloat16>(comm, o, c, log);
+    case loom::dtype::f16: return run_zero_rank<loom::half>(comm, o, c, log);
+    default: return run_zero_rank<float>(comm, o, c, log);
+  }
 }
 
 /// Runs llama-train with the config's ZeRO stage: on the MPI processes when started by

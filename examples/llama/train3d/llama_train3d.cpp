@@ -6,6 +6,7 @@
 #include <common/cli.hpp>
 #include <common/batches.hpp>
 #include <common/loss_scaler.hpp>
+#include <common/zero_options.hpp>
 #include "train3d.hpp"
 
 #include <loom/comm/thread_comm.hpp>
@@ -176,10 +177,11 @@ int main(int argc, char** argv) {
                  std::string(loom::dtype_name(*o.precision_flag)), " contradicts the config's ",
                  std::string(loom::dtype_name(c.precision())), " (", o.config_path, ")");
       // offload to cpu: optimizer states and parameters live in host memory on the host
-      // backend already; nvme (optimizer states in a file) is zero::engine's, not this trainer's
-      LOOM_CHECK(c.zero.offload_optimizer.device != loom::io::offload_device::nvme,
-                 "llama-train3d: zero_optimization.offload_optimizer.device \"nvme\" is not supported by the 3D trainer "
-                 "(\"cpu\" and \"none\" are)");
+      // backend already; nvme: the engine keeps the optimizer states in a mapped file
+      const loom::zero::engine_options eo = examples::zero_engine_options(c);
+      o.train.stage3 = eo.stage3;
+      o.train.offload_optimizer = eo.offload_optimizer;
+      o.train.nvme_path = eo.nvme_path;
       offload_note = c.zero.offload_optimizer.device == loom::io::offload_device::cpu ||
                      c.zero.offload_param.device == loom::io::offload_device::cpu;
       o.train.checkpointing = o.train.checkpointing || c.activation_checkpointing.enabled;

@@ -3,29 +3,34 @@
 // data-parallel group of every (tp, pp) coordinate. One `trainer` per rank; all ranks of the
 // world construct theirs together (the mesh is a collective).
 //
+// ZeRO is the library's zero::engine (through zero::any_engine, the stage read at run time),
+// one per model chunk, over the chunk's data-parallel group. Its layout has one entry per
+// unit of the stage model (the embedding, each block, the head; llama3d.hpp), so stage 3
+// gathers a unit at a time inside the pipeline stage, with the engine's prefetch and its
+// stage3_max_live_parameters cap, in the order the pipeline schedule uses the units (the
+// gather trace is made from the schedule's ops before the first step).
+//
 // A step, on every rank:
-//   1. ZeRO-3: all-gather this stage's parameters over dp (they are sharded between steps).
-//   2. Run the pipeline schedule (GPipe or 1F1B, pipeline/schedule.hpp) with
+//   1. Run the pipeline schedule (GPipe, 1F1B or interleaved, pipeline/schedule.hpp) with
 //      pipeline::executor over the pp group: it proves the schedule, owns the tensors that
 //      cross stage boundaries and sends/receives them; this trainer's stage_adapter runs the
 //      forward / backward passes of the stage model. Each micro-batch's loss is scaled by 1/m.
-//   3. Tied embeddings with pp > 1: the first and last stage add each other's gradient of
+//      The layers read their parameters from the engine (stages 0-2: its resident buffer;
+//      stage 3: acquire / release of each unit) and add their gradients into the engine's
+//      accumulation buffer.
+//   2. Tied embeddings with pp > 1: the first and last stage add each other's gradient of
 //      their tok_embeddings shard, so both copies take the same update.
-//   4. Gradients over dp: all-reduce (stage 0, 1) or reduce-scatter into this rank's slice
-//      (stage 2, 3; the full gradient buffer is then dropped until the next step).
-//   5. Global gradient norm over all three dimensions: each rank sums the squares of the
-//      elements it owns (its dp slice, canonical copies only: tp-replicated norms and GQA
+//   3. The engine reduces the gradients over dp: all-reduce (stage 0, 1) or reduce-scatter
+//      into this rank's slices (2, 3).
+//   4. Global gradient norm over all three dimensions: each rank sums the squares of the
+//      elements it owns (its dp slices, canonical copies only: tp-replicated norms and GQA
 //      replicas and the tied copy count once), one all-reduce over the world. A non-finite
 //      norm (fp16 overflow) is therefore seen by every rank: every rank skips the step and
 //      feeds the same overflow flag to its loss scaler (train_options::loss_scaler: backward
 //      runs with dloss = scale / m, the update divides by the scale), so the scalers agree.
-//   6. AdamW (zero/adamw.hpp) on the fp32 master: the whole buffer (stage 0) or this rank's
-//      slice (1-3); then parameters are refreshed: cast (0), all-gathered over dp (1, 2), or
-//      cast into the shard and the full buffer dropped (3).
-// The flat buffers are padded to a multiple of dp, so rank d owns [d*S, (d+1)*S) of every one
-// of them. ZeRO-3 here gathers a whole stage at once (the stage's layers are what the
-// pipeline keeps live anyway); layer-granular prefetch inside a stage is zero::engine's
-// (single stage) and is not used by this trainer.
+//   5. The engine's apply(): AdamW on its fp32 master (the whole model for stage 0, this
+//      rank's slices for 1-3), then parameters refreshed (cast, all-gathered over dp, or
+//      cast into the shard for stage 3).
 //
 // Data: the global batch of a step is dp * m micro-batches [micro_batch, seq]; data-parallel
 // rank d runs micro-batches d*m .. d*m+m-1, so the loss curve does not depend on the mesh.
@@ -39,8 +44,10 @@
 #include <loom/core/memory.hpp>
 #include <loom/pipeline/executor.hpp>
 #include <loom/pipeline/schedule.hpp>
+#include <loom/sched/all_gather_plan.hpp>
 #include <loom/zero/adamw.hpp>
-#include <loom/zero/optimizer_state.hpp>
+#include <loom/zero/any_engine.hpp>
+#include <loom/zero/flat_layout.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -64,6 +71,13 @@ struct train_options {
   index_t seq = 16;
   loom::zero::adamw_config adamw{};
   float gradient_clipping = 0.f;  ///< max global norm; 0: off
+  /// ZeRO-3's stage3_prefetch_bucket_size, _max_live_parameters, _param_persistence_threshold
+  /// (elements; a unit of at most the threshold stays gathered)
+  loom::sched::all_gather_options stage3{};
+  /// offload_optimizer: fp32 master and Adam moments in host memory (cpu: on the host
+  /// backend, where they are already) or in a memory-mapped file under nvme_path (nvme)
+  loom::zero::offload_device offload_optimizer = loom::zero::offload_device::none;
+  std::string nvme_path;
   std::uint64_t seed = 1234;
   /// Activation checkpointing: each micro-batch in flight keeps its block inputs and one
   /// block's activations, recomputed block by block in backward (ds_config's
@@ -113,14 +127,22 @@ struct step_stats {
 
 template <loom::ops::param_type P, loom::ops::compute_type T, loom::comm::communicator C>
 class trainer {
-  // One model chunk of this rank (virtual stage chunk * pp + stage) with its ZeRO state.
+  using engine_t = loom::zero::any_engine<P, C, T>;
+  // ZeRO-3: the stage model's layers read each unit through the engine.
+  struct engine_source final : param_source<P> {
+    engine_t* engine = nullptr;
+    std::span<P> acquire(std::size_t unit) override {
+      engine->acquire_layer(unit);
+      return engine->parameter(unit);
+    }
+    void release(std::size_t unit) override { engine->release_layer(unit); }
+  };
+  // One model chunk of this rank (virtual stage chunk * pp + stage) with its ZeRO engine.
   struct chunk_state {
     std::unique_ptr<stage_model<P, T, C>> model;
-    std::size_t shard = 0;  // elements of each flat buffer this dp rank owns
-    std::unique_ptr<loom::zero::optimizer_state> state;
-    loom::buffer<T> grad_shard;   // ZeRO 2, 3
-    loom::buffer<P> param_shard;  // ZeRO 3
-    loom::buffer<P> send;         // ZeRO 1, 2: this rank's refreshed slice
+    std::unique_ptr<engine_t> zero;
+    engine_source source;
+    std::vector<loom::sched::trace_step> train_trace;
     std::vector<std::pair<std::size_t, std::size_t>> counted;  // canonical (offset, numel): norm
   };
 
@@ -128,37 +150,45 @@ class trainer {
   using batch_fn = std::function<void(std::int64_t step, int global_mb, std::span<std::int32_t> tokens,
                                       std::span<std::int32_t> targets)>;
 
-  trainer(C& world, const llama::config& cfg, const train_options& opt, loom::memory_resource& mr)
+  /// mr: every allocation of this rank. param_mr (optional): the parameters alone -- the
+  /// engine's parameter buffer or shard, persistent copies and stage-3 gather arena -- so its
+  /// peak is the most parameter memory the rank held.
+  trainer(C& world, const llama::config& cfg, const train_options& opt, loom::memory_resource& mr,
+          loom::memory_resource* param_mr = nullptr)
       : opt_((opt.validate(), opt)), mesh_(world, opt.mesh), mr_(&mr), sched_(make_schedule(cfg, opt)),
         exec_(sched_, mesh_.pp(), static_cast<std::size_t>(opt.micro_batch_size * opt.seq * cfg.dim), mr),
         dp_(static_cast<std::size_t>(opt.mesh.dp)), rank_(static_cast<std::size_t>(mesh_.coord().dp)),
         tokens_(static_cast<std::size_t>(opt.micro_batch_size * opt.seq), mr),
         targets_(static_cast<std::size_t>(opt.micro_batch_size * opt.seq), mr) {
     const int p = opt.mesh.pp, v = sched_.chunks;
+    loom::zero::engine_options eo;
+    eo.adamw = opt.adamw;
+    eo.stage3 = opt.stage3;
+    eo.offload_optimizer = opt.offload_optimizer;
+    eo.nvme_path = opt.nvme_path;
     for (int c = 0; c < v; ++c) {
       auto ck = std::make_unique<chunk_state>();
       ck->model = std::make_unique<stage_model<P, T, C>>(cfg, mesh_.tp(), c * p + mesh_.coord().pp, p * v, mr, dp_);
       auto& m = *ck->model;
       m.set_checkpointing(opt.checkpointing);
-      ck->shard = m.size() / dp_;
-      ck->state = std::make_unique<loom::zero::optimizer_state>(opt.zero_stage >= 1 ? ck->shard : m.size(),
-                                                                loom::zero::offload_device::none, mr, mr);
-      // fp32 master from the counter RNG (the model's init), then the ZeRO layout
-      m.init(opt.seed);
-      auto master = ck->state->master();
-      auto prm = m.params();
-      const std::size_t first = opt.zero_stage >= 1 ? rank_ * ck->shard : 0;
-      for (std::size_t i = 0; i < master.size(); ++i) master[i] = static_cast<float>(prm[first + i]);
-      std::fill(ck->state->exp_avg().begin(), ck->state->exp_avg().end(), 0.f);
-      std::fill(ck->state->exp_avg_sq().begin(), ck->state->exp_avg_sq().end(), 0.f);
-      if (opt.zero_stage >= 2) ck->grad_shard = loom::buffer<T>(ck->shard, mr);
+      m.init(opt.seed);  // the counter-RNG model, whole, in the model's own buffer; the engine takes its fp32 master from it
+      const auto& L = m.layout();
+      std::vector<loom::zero::param_spec> units;
+      for (std::size_t u = 0; u < m.units(); ++u)
+        units.push_back({"unit " + std::to_string(u), {static_cast<index_t>(L.unit_end(u) - L.unit_begin(u))}, u});
+      const std::span<const P> init = m.params();
+      ck->train_trace = trace_of(sched_, c, m, false);
+      ck->zero = loom::zero::make_engine<P, C, T>(
+          opt.zero_stage, mesh_.dp(), loom::zero::flat_layout(std::move(units), dp_), eo, {&mr, &mr, &mr, param_mr},
+          [&](std::size_t u, std::size_t first, std::span<float> out) {
+            for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(init[L.unit_begin(u) + first + i]);
+          },
+          ck->train_trace);
+      m.use_storage(ck->zero->resident_parameters(), ck->zero->accumulation());
       if (opt.zero_stage == 3) {
-        ck->param_shard = loom::buffer<P>(ck->shard, mr);
-        std::copy_n(prm.begin() + static_cast<std::ptrdiff_t>(first), ck->shard, ck->param_shard.begin());
-        m.drop_params();
+        ck->source.engine = ck->zero.get();
+        m.set_param_source(&ck->source);
       }
-      if (opt.zero_stage >= 2) m.drop_grads();
-      if (opt.zero_stage == 1 || opt.zero_stage == 2) ck->send = loom::buffer<P>(ck->shard, mr);
       for (const auto& sh : m.shards())
         if (sh.replica == 0) ck->counted.push_back({sh.local_offset, static_cast<std::size_t>(sh.rows * sh.cols)});
       chunks_.push_back(std::move(ck));
@@ -182,21 +212,21 @@ class trainer {
       eval_exec_ = std::make_unique<loom::pipeline::executor<T, C>>(
           loom::pipeline::forward_only(opt_.mesh.pp, opt_.micro_batches, sched_.chunks), mesh_.pp(),
           static_cast<std::size_t>(opt_.micro_batch_size * opt_.seq * model().cfg().dim), *mr_);
-    auto& dp = mesh_.dp();
-    for (auto& ck : chunks_)
-      if (opt_.zero_stage == 3) {
-        ck->model->ensure_params();
-        dp.all_gather(std::span<const P>(ck->param_shard.span()), ck->model->params());
-      }
+    for (std::size_t c = 0; c < chunks_.size(); ++c)
+      chunks_[c]->zero->set_gather_trace(trace_of(eval_exec_->plan_schedule(), static_cast<int>(c), *chunks_[c]->model, true));
     stage_adapter run{this, index, 0.0, 0.0, true};
     eval_exec_->run(run);
-    for (auto& ck : chunks_)
-      if (opt_.zero_stage == 3) ck->model->drop_params();
+    for (auto& ck : chunks_) ck->zero->set_gather_trace(ck->train_trace);
     return global_loss(run.loss);
   }
 
   /// The learning rate of the next step (a schedule sets it before each step).
-  void set_lr(float lr) { opt_.adamw.lr = lr; }
+  void set_lr(float lr) {
+    opt_.adamw.lr = lr;
+    for (auto& ck : chunks_) ck->zero->set_lr(lr);
+  }
+  /// The ZeRO engine of model chunk c (its layout has one entry per unit of the chunk).
+  engine_t& engine(int c = 0) noexcept { return *chunks_[static_cast<std::size_t>(c)]->zero; }
 
   /// One optimizer step over dp * m micro-batches from `data`.
   step_stats step(const batch_fn& data) {
@@ -205,28 +235,19 @@ class trainer {
     const auto t0 = clock::now();
     step_stats st;
     auto& pp = mesh_.pp();
-    auto& dp = mesh_.dp();
     const float loss_scale = loom::amp::scale_of(opt_.loss_scaler);
     st.loss_scale = loss_scale;
-    for (auto& ck : chunks_) {
-      auto& md = *ck->model;
-      if (opt_.zero_stage == 3) {  // 1. gather this chunk's parameters
-        md.ensure_params();
-        dp.all_gather(std::span<const P>(ck->param_shard.span()), md.params());
-      }
-      md.ensure_grads();
-      md.zero_grad();
-    }
-    // 2. the pipeline schedule, run by the executor through the stage adapter
+    for (auto& ck : chunks_) ck->model->zero_grad();  // the engine's accumulation buffer
+    // 1. the pipeline schedule, run by the executor through the stage adapter
     const auto tp0 = clock::now();
     stage_adapter run{this, step_, 0.0, 0.0};
     exec_.run(run);
     st.pipeline_seconds = seconds(tp0, clock::now());
     st.busy_seconds = run.busy;
+    double sq = 0;
     for (auto& ck : chunks_) {
       auto& md = *ck->model;
-      if (opt_.zero_stage == 3) md.drop_params();
-      // 3. tied embedding copies (virtual stage 0 on pp rank 0, the last one on pp rank p-1)
+      // 2. tied embedding copies (virtual stage 0 on pp rank 0, the last one on pp rank p-1)
       if (std::span<T> gs = md.tied_grad(); !gs.empty()) {
         loom::buffer<T> other(gs.size(), *mr_);
         const int peer = md.first_stage() ? opt_.mesh.pp - 1 : 0;
@@ -235,26 +256,14 @@ class trainer {
         else pp.recv(other.span(), peer, to_last), pp.send(std::span<const T>(gs), peer, to_first);
         for (std::size_t i = 0; i < gs.size(); ++i) gs[i] += other[i];
       }
-    }
-    // 4. gradients over dp, 5. the squares this rank counts in the global norm
-    std::vector<std::span<T>> grad(chunks_.size());  // the part this rank steps, per chunk
-    double sq = 0;
-    for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      auto& ck = *chunks_[c];
-      auto& md = *ck.model;
-      if (opt_.zero_stage >= 2) {
-        dp.reduce_scatter(std::span<const T>(md.grads()), ck.grad_shard.span(), loom::comm::reduce_op::sum);
-        md.drop_grads();
-        grad[c] = ck.grad_shard.span();
-      } else {
-        dp.all_reduce(std::span<const T>(md.grads()), md.grads(), loom::comm::reduce_op::sum);
-        grad[c] = opt_.zero_stage == 1 ? md.grads().subspan(rank_ * ck.shard, ck.shard) : md.grads();
-      }
-      const std::size_t lo = rank_ * ck.shard, hi = lo + ck.shard, base = opt_.zero_stage >= 1 ? lo : 0;
-      for (const auto& [off, n] : ck.counted) {
-        const std::size_t b0 = std::max(off, lo), b1 = std::min(off + n, hi);
-        for (std::size_t i = b0; i < b1; ++i) sq += double(grad[c][i - base]) * double(grad[c][i - base]);
-      }
+      // 3. gradients over dp, 4. the squares this rank counts in the global norm
+      ck->zero->reduce_accumulated();
+      ck->zero->for_each_gradient_slice([&](std::size_t lo, std::span<const T> g) {
+        for (const auto& [off, n] : ck->counted) {
+          const std::size_t b0 = std::max(off, lo), b1 = std::min(off + n, lo + g.size());
+          for (std::size_t i = b0; i < b1; ++i) sq += double(g[i - lo]) * double(g[i - lo]);
+        }
+      });
     }
     float scale = 1.f / (static_cast<float>(dp_) * loss_scale);  // gradients sum over dp and carry the loss scale
     mesh_.world().all_reduce(std::span<const double>(&sq, 1), std::span<double>(&sq, 1), loom::comm::reduce_op::sum);
@@ -270,24 +279,9 @@ class trainer {
     }
     if (opt_.gradient_clipping > 0.f && st.grad_norm > opt_.gradient_clipping)
       scale *= static_cast<float>(opt_.gradient_clipping / st.grad_norm);
-    // 6. AdamW on the master, then refresh the parameters
+    // 5. AdamW on the master, then the parameters are refreshed
     ++step_;
-    for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      auto& ck = *chunks_[c];
-      auto& md = *ck.model;
-      loom::zero::adamw_step<T>(ck.state->master(), std::span<const T>(grad[c]), ck.state->exp_avg(), ck.state->exp_avg_sq(),
-                                opt_.adamw, step_, scale);
-      auto master = ck.state->master();
-      if (opt_.zero_stage == 0) {
-        auto prm = md.params();
-        for (std::size_t i = 0; i < prm.size(); ++i) prm[i] = static_cast<P>(master[i]);
-      } else if (opt_.zero_stage == 3) {
-        for (std::size_t i = 0; i < ck.shard; ++i) ck.param_shard[i] = static_cast<P>(master[i]);
-      } else {
-        for (std::size_t i = 0; i < ck.shard; ++i) ck.send[i] = static_cast<P>(master[i]);
-        dp.all_gather(std::span<const P>(ck.send.span()), md.params());
-      }
-    }
+    for (auto& ck : chunks_) ck->zero->apply(scale);
     st.seconds = seconds(t0, clock::now());
     return st;
   }
@@ -295,19 +289,15 @@ class trainer {
   /// The fp32 master weights in the single-rank layout (llama::model's flat buffer), on
   /// every rank; collective over the world.
   std::vector<float> consolidated_master() {
-    auto& dp = mesh_.dp();
     const auto full = full_layout(chunks_.front()->model->cfg());
     std::vector<float> out(full.size(), 0.f);
     for (auto& ck : chunks_) {
       auto& md = *ck->model;
-      loom::buffer<float> full_local(md.size(), *mr_);
-      auto master = ck->state->master();
-      if (opt_.zero_stage >= 1) dp.all_gather(std::span<const float>(master), full_local.span());
-      else std::copy(master.begin(), master.end(), full_local.begin());
+      const std::vector<float> local = ck->zero->gather_master();  // this chunk's flat buffer, whole (collective over dp)
       tp::shard_list canon;
       for (const auto& s : md.shards())
         if (s.replica == 0 && mesh_.coord().dp == 0) canon.push_back(s);
-      tp::store_shards(canon, std::span<const float>(full_local.span()), std::span<float>(out),
+      tp::store_shards(canon, std::span<const float>(local), std::span<float>(out),
                        [&](const std::string& n) { return md.full_offset(n); });
     }
     // every element is written by exactly one rank (dp 0, replica 0); the others hold 0
@@ -315,22 +305,33 @@ class trainer {
     return out;
   }
 
-  /// Model-state bytes of this rank: parameters, gradients, optimizer (what ZeRO divides).
-  struct state_bytes {
-    std::size_t parameters = 0, gradients = 0, optimizer = 0;
-  };
-  state_bytes bytes() const noexcept {
-    state_bytes b;
+  /// Model-state bytes of this rank, summed over its chunks (the engines' accounting).
+  loom::zero::state_bytes bytes() const noexcept {
+    loom::zero::state_bytes b;
     for (const auto& ck : chunks_) {
-      const std::size_t n = ck->model->size(), s = ck->shard;
-      b.parameters += opt_.zero_stage == 3 ? s * sizeof(P) : n * sizeof(P);
-      b.gradients += opt_.zero_stage >= 2 ? s * sizeof(T) : n * sizeof(T);
-      b.optimizer += 3 * (opt_.zero_stage >= 1 ? s : n) * sizeof(float);
+      const auto e = ck->zero->bytes();
+      b.parameters += e.parameters, b.persistent += e.persistent, b.gradients += e.gradients, b.optimizer += e.optimizer;
     }
     return b;
   }
 
  private:
+  // The order in which chunk c's units are used in one run of schedule s on this stage: each
+  // forward / backward op of the chunk reads its units in the model's pass order.
+  std::vector<loom::sched::trace_step> trace_of(const loom::pipeline::schedule& s, int c, const stage_model<P, T, C>& m,
+                                                bool forward_only) const {
+    const auto fwd = m.forward_units(), bwd = m.backward_units();
+    std::vector<loom::sched::trace_step> t;
+    for (const auto& o : s.ops[static_cast<std::size_t>(mesh_.coord().pp)]) {
+      if (o.chunk != c) continue;
+      if (o.kind == loom::pipeline::op_kind::forward)
+        for (std::size_t u : fwd) t.push_back({u, loom::sched::pass::forward});
+      if (o.kind == loom::pipeline::op_kind::backward && !forward_only)
+        for (std::size_t u : bwd) t.push_back({u, loom::sched::pass::backward});
+    }
+    return t;
+  }
+
   static loom::pipeline::schedule make_schedule(const llama::config& cfg, const train_options& o) {
     const int p = o.mesh.pp, m = o.micro_batches;
     LOOM_CHECK(o.schedule == "interleaved" || o.chunks == 1, "llama3d: chunks=", o.chunks,

@@ -11,8 +11,9 @@
 // Rules (DeepSpeed's stage3_* knobs, all counted in elements like ds_config.json):
 //  * a parameter with numel <= persistence_threshold is persistent: gathered once, kept
 //    (not in this plan; the engine owns those copies);
-//  * the trace is forward 0..L-1 then backward L-1..0; consecutive steps of the same layer
-//    (the last layer's forward then backward) share one gathered copy: an *instance*;
+//  * the trace is forward 0..L-1 then backward L-1..0, or any order of layer uses a caller
+//    gives (a pipeline stage's passes); consecutive steps of the same layer (the last layer's
+//    forward then backward) share one gathered copy: an *instance*;
 //  * before computing step t its instance is ready (gathered now if it was not prefetched),
 //    then later instances are prefetched in trace order while the elements gathered ahead
 //    of use stay <= prefetch_numel and the live gathered elements stay <= max_live_numel;
@@ -69,7 +70,14 @@ struct all_gather_plan {
   all_gather_options options;
 };
 
-inline all_gather_plan plan_all_gather(const layer_layout& layout, const all_gather_options& opt) {
+/// The plan for one forward 0..L-1 and one backward L-1..0 (a model trained one batch a step).
+inline all_gather_plan plan_all_gather(const layer_layout& layout, const all_gather_options& opt);
+
+/// The plan for any order of use: `trace` lists the layers in the order a step reads them
+/// (a pipeline stage reads its layers once per micro-batch pass, in the order its schedule
+/// runs the passes); a layer used at consecutive steps keeps one gathered copy.
+inline all_gather_plan plan_all_gather(const layer_layout& layout, std::vector<trace_step> trace,
+                                       const all_gather_options& opt) {
   all_gather_plan plan;
   plan.options = opt;
   const std::size_t L = layout.layers();
@@ -91,8 +99,10 @@ inline all_gather_plan plan_all_gather(const layer_layout& layout, const all_gat
                " is smaller than layer ", l, ", which gathers ", plan.layer_gather_numel[l],
                " elements; raise it to at least the largest layer");
 
-  for (std::size_t l = 0; l < L; ++l) plan.trace.push_back({l, pass::forward});
-  for (std::size_t l = L; l-- > 0;) plan.trace.push_back({l, pass::backward});
+  LOOM_CHECK(!trace.empty(), "plan_all_gather: the trace of layer uses is empty");
+  for (const trace_step& st : trace)
+    LOOM_CHECK(st.layer < L, "plan_all_gather: the trace uses layer ", st.layer, " of a model with ", L, " layers");
+  plan.trace = std::move(trace);
   const std::size_t T = plan.trace.size();
   plan.instance_at.assign(T, -1);
   for (std::size_t t = 0; t < T; ++t) {
@@ -154,6 +164,13 @@ inline all_gather_plan plan_all_gather(const layer_layout& layout, const all_gat
     }
   }
   return plan;
+}
+
+inline all_gather_plan plan_all_gather(const layer_layout& layout, const all_gather_options& opt) {
+  std::vector<trace_step> trace;
+  for (std::size_t l = 0; l < layout.layers(); ++l) trace.push_back({l, pass::forward});
+  for (std::size_t l = layout.layers(); l-- > 0;) trace.push_back({l, pass::backward});
+  return plan_all_gather(layout, std::move(trace), opt);
 }
 
 }  // namespace loom::sched

@@ -20,6 +20,19 @@
 // A model is anything with forward(layer, params) and backward(layer, params, grads) over
 // the layers of its flat_layout (concept layered_model); it keeps its own activations.
 // backward assigns every element of its gradients (no accumulation).
+//
+// The same engine also serves as phases for a driver that runs the layers itself, such as
+// a pipeline stage that passes several micro-batches through its layers in the order its
+// schedule says (examples/llama/train3d):
+//   acquire_layer(l) / parameter(p) / release_layer(l)  the layers' parameters, in the order
+//             of the gather trace given at construction (ZeRO-3: gathered with the plan's
+//             prefetch and live-elements cap; stages 0-2: always resident)
+//   accumulation()          a full gradient buffer the driver accumulates micro-batches into
+//   reduce_accumulated()    sums it over the ranks: all-reduce (stage 0, 1) or reduce-scatter
+//                           into this rank's gradient shard (2, 3)
+//   for_each_gradient_slice this rank's slice of the reduced gradient (for a norm across meshes)
+//   apply(scale)            AdamW on this rank's master, then the parameters are refreshed
+// step() is the norm, the clipping and apply() together.
 
 #include <loom/comm/communicator.hpp>
 #include <loom/core/buffer.hpp>
@@ -42,14 +55,15 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace loom::zero {
 
 /// Requires: m.forward(l, params) and m.backward(l, params, grads) for each layer l of the
 /// model's flat_layout, called forward 0..L-1 then backward L-1..0.
-template <class M, class T>
-concept layered_model = requires(M& m, std::size_t l, const layer_params<const T>& p, const layer_params<T>& g) {
+template <class M, class T, class G = T>
+concept layered_model = requires(M& m, std::size_t l, const layer_params<const T>& p, const layer_params<G>& g) {
   m.forward(l, p);
   m.backward(l, p, g);
 };
@@ -66,11 +80,15 @@ struct engine_options {
 };
 
 /// Per-rank memory resources. states: parameters, gradients, optimizer state (the
-/// accelerator's memory); scratch: buckets and gathered layers; host: offloaded optimizer state.
+/// accelerator's memory); scratch: buckets, gathered layers and the accumulation buffer;
+/// host: offloaded optimizer state. parameters (optional): when given, every parameter byte
+/// -- the (sharded) parameters, persistent copies and the stage-3 gather arena -- comes from
+/// it, so its peak is the most parameter memory the rank ever held.
 struct engine_resources {
   memory_resource* states;
   memory_resource* scratch;
   memory_resource* host;
+  memory_resource* parameters = nullptr;
 };
 
 /// Model-state bytes this rank holds, by kind (what the ZeRO formulas count).
@@ -81,14 +99,21 @@ struct state_bytes {
   std::size_t optimizer = 0;   ///< master + moments, wherever they live
 };
 
-template <stage_policy Stage, floating_element T, comm::communicator C>
+template <stage_policy Stage, floating_element T, comm::communicator C, floating_element G = T>
 class engine {
  public:
+  using param_type = T;
+  using grad_type = G;
+  static constexpr int stage = Stage::level;
+
   /// init(p, first, out): fill out[k] with element first + k of parameter p (fp32). Called
   /// only for elements this rank owns, so a counter-based RNG gives every dp the same model.
   using init_fn = std::function<void(std::size_t p, std::size_t first, std::span<float> out)>;
 
-  engine(C& comm, flat_layout layout, const engine_options& opt, engine_resources res, const init_fn& init)
+  /// gather_trace: the order in which layers are acquired (empty: forward 0..L-1 then
+  /// backward L-1..0, what forward()/backward() do).
+  engine(C& comm, flat_layout layout, const engine_options& opt, engine_resources res, const init_fn& init,
+         std::vector<sched::trace_step> gather_trace = {})
       : comm_(&comm), layout_(std::move(layout)), opt_(opt), res_(res) {
     LOOM_CHECK(res.states && res.scratch && res.host, "zero::engine: every memory resource must be given");
     LOOM_CHECK(static_cast<std::size_t>(comm.size()) == layout_.world(), "zero::engine: communicator has ", comm.size(),
@@ -99,11 +124,12 @@ class engine {
     ptrs_.assign(sz.params(), nullptr);
     gptrs_.assign(sz.params(), nullptr);
     works_.resize(sz.params());
+    memory_resource& pmr = res.parameters ? *res.parameters : *res.states;
 
     if constexpr (Stage::shards_parameters::value) {
-      params_ = buffer<T>(sz.shard_total(), *res.states);
-      sched::all_gather_plan plan = sched::plan_all_gather(sz, opt.stage3);
-      persistent_ = buffer<T>(plan.persistent_numel, *res.states);
+      params_ = buffer<T>(sz.shard_total(), pmr);
+      sched::all_gather_plan plan = make_plan(std::move(gather_trace));
+      persistent_ = buffer<T>(plan.persistent_numel, pmr);
       persistent_offset_.assign(sz.params(), 0);
       std::size_t off = 0;
       for (std::size_t p = 0; p < sz.params(); ++p)
@@ -112,18 +138,21 @@ class engine {
           ptrs_[p] = persistent_.data() + off;
           off += sz.padded_numel(p);
         }
-      gather_ = std::make_unique<sched::all_gather_scheduler<T, C>>(comm, sz, std::move(plan), *res.scratch);
+      gather_ = std::make_unique<sched::all_gather_scheduler<T, C>>(comm, sz, std::move(plan),
+                                                                     res.parameters ? *res.parameters : *res.scratch);
+      max_arena_ = gather_->plan().arena_numel;
     } else {
-      params_ = buffer<T>(sz.padded_total(), *res.states);
+      trace_ = make_plan(std::move(gather_trace)).trace;  // checked like stage 3's, so a bad trace fails on every stage
+      params_ = buffer<T>(sz.padded_total(), pmr);
       for (std::size_t p = 0; p < sz.params(); ++p) ptrs_[p] = params_.data() + sz.offset(p);
     }
-    grads_ = buffer<T>(Stage::shards_gradients::value ? sz.shard_total() : sz.padded_total(), *res.states);
+    grads_ = buffer<G>(Stage::shards_gradients::value ? sz.shard_total() : sz.padded_total(), *res.states);
     sched::reduce_options ro{opt.reduce_bucket_numel, opt.overlap_comm, opt.contiguous_gradients,
                              Stage::shards_gradients::value ? sched::reduce_mode::reduce_scatter
                                                             : sched::reduce_mode::all_reduce};
-    reduce_ = std::make_unique<sched::reduce_scatter_scheduler<T, C>>(
-        comm, sz, ro, *res.scratch, Stage::shards_gradients::value ? std::span<T>{} : grads_.span(),
-        Stage::shards_gradients::value ? grads_.span() : std::span<T>{});
+    reduce_ = std::make_unique<sched::reduce_scatter_scheduler<G, C>>(
+        comm, sz, ro, *res.scratch, Stage::shards_gradients::value ? std::span<G>{} : grads_.span(),
+        Stage::shards_gradients::value ? grads_.span() : std::span<G>{});
     state_ = std::make_unique<optimizer_state>(Stage::shards_optimizer::value ? sz.shard_total() : sz.padded_total(),
                                                opt.offload_optimizer, *res.states, *res.host, opt.nvme_path,
                                                static_cast<int>(rank_));
@@ -145,39 +174,126 @@ class engine {
   const flat_layout& layout() const noexcept { return layout_; }
   C& communicator() noexcept { return *comm_; }
   std::int64_t steps_taken() const noexcept { return step_; }
-  const sched::reduce_scatter_scheduler<T, C>& reducer() const noexcept { return *reduce_; }
+  const sched::reduce_scatter_scheduler<G, C>& reducer() const noexcept { return *reduce_; }
   /// Stage 3 only: the all-gather scheduler (for observers and statistics).
   sched::all_gather_scheduler<T, C>* gatherer() noexcept { return gather_.get(); }
   const optimizer_state& optimizer() const noexcept { return *state_; }
 
   /// Forward through all layers.
-  template <layered_model<T> M>
+  template <layered_model<T, G> M>
   void forward(M& model) {
     for (std::size_t l = 0; l < layout_.layers(); ++l) {
-      acquire(l);
+      acquire_layer(l);
       model.forward(l, layer_params<const T>(layout_, l, ptrs_.data()));
-      release(l);
-      if constexpr (Stage::shards_parameters::value) gather_->progress();
+      release_layer(l);
     }
   }
 
   /// Backward through all layers; gradients are reduced (and partitioned) when it returns.
-  template <layered_model<T> M>
+  template <layered_model<T, G> M>
   void backward(M& model) {
-    const std::size_t L = layout_.layers();
     const auto& sz = layout_.sizes();
-    for (std::size_t t = L; t < 2 * L; ++t) {
-      const std::size_t l = 2 * L - 1 - t;
-      acquire(t);
-      std::span<T> g = reduce_->layer_gradients(l);
+    for (std::size_t l = layout_.layers(); l-- > 0;) {
+      acquire_layer(l);
+      std::span<G> g = reduce_->layer_gradients(l);
       for (std::size_t p = sz.layer_begin(l); p < sz.layer_end(l); ++p) gptrs_[p] = g.data() + (sz.offset(p) - sz.layer_offset(l));
-      model.backward(l, layer_params<const T>(layout_, l, ptrs_.data()), layer_params<T>(layout_, l, gptrs_.data()));
-      release(t);
+      model.backward(l, layer_params<const T>(layout_, l, ptrs_.data()), layer_params<G>(layout_, l, gptrs_.data()));
+      release_layer(l);
       reduce_->layer_done(l);
       reduce_->progress();
-      if constexpr (Stage::shards_parameters::value) gather_->progress();
     }
     reduce_->finish();
+  }
+
+  // ---- phases, for a driver that runs the layers itself ---------------------------------
+  /// Makes layer l's parameters available; l must be the gather trace's next layer (a
+  /// loom::error otherwise, naming both). ZeRO-3 gathers it (or finds it prefetched) and
+  /// issues the prefetches its plan lists.
+  void acquire_layer(std::size_t l) {
+    const auto& trace = this->trace();
+    LOOM_CHECK(!in_layer_ && trace[cursor_].layer == l, "zero::engine::acquire_layer: layer ", l, " asked for at step ",
+               cursor_, " of the gather trace, which expects layer ", trace[cursor_].layer,
+               in_layer_ ? " (and the previous layer is still acquired)" : "");
+    in_layer_ = true;
+    if constexpr (Stage::shards_parameters::value) gather_->acquire(cursor_, std::span<const T>(params_.span()), ptrs_);
+  }
+  /// Ends the use of layer l (ZeRO-3: its gathered copy is dropped after its last consecutive use).
+  void release_layer(std::size_t l) {
+    LOOM_CHECK(in_layer_ && trace()[cursor_].layer == l, "zero::engine::release_layer: layer ", l, " was not acquired");
+    in_layer_ = false;
+    if constexpr (Stage::shards_parameters::value) {
+      gather_->release(cursor_);
+      gather_->progress();
+    }
+    cursor_ = cursor_ + 1 == trace().size() ? 0 : cursor_ + 1;
+  }
+  /// Parameter p (padded_numel(p) elements, the padding zero) while its layer is acquired;
+  /// always, for stages 0-2 and persistent parameters.
+  std::span<T> parameter(std::size_t p) {
+    LOOM_CHECK(p < layout_.params(), "zero::engine::parameter: p=", p, " out of range (", layout_.params(), " parameters)");
+    return {ptrs_[p], layout_.sizes().padded_numel(p)};
+  }
+  /// Stages 0-2: the whole parameter buffer [padded_total], always resident; stage 3: empty.
+  std::span<T> resident_parameters() noexcept {
+    if constexpr (Stage::shards_parameters::value) return {};
+    else return params_.span();
+  }
+  /// The order of layer uses the ZeRO-3 plan was made for (one step).
+  const std::vector<sched::trace_step>& trace() const noexcept {
+    if constexpr (Stage::shards_parameters::value) return gather_->plan().trace;
+    else return trace_;
+  }
+  /// A new order of layer uses (e.g. forward-only evaluation) from the next acquire on;
+  /// ZeRO-3 re-plans its gathers. Only between whole traces.
+  void set_gather_trace(std::vector<sched::trace_step> trace) {
+    LOOM_CHECK(!in_layer_ && cursor_ == 0, "zero::engine::set_gather_trace: called at step ", cursor_,
+               " of the current trace; only between traces");
+    if constexpr (Stage::shards_parameters::value) {
+      memory_resource& mr = res_.parameters ? *res_.parameters : *res_.scratch;
+      gather_.reset();  // its arena goes back before the new one is taken
+      gather_ = std::make_unique<sched::all_gather_scheduler<T, C>>(*comm_, layout_.sizes(), make_plan(std::move(trace)), mr);
+      max_arena_ = std::max(max_arena_, gather_->plan().arena_numel);
+    } else {
+      trace_ = make_plan(std::move(trace)).trace;
+    }
+  }
+
+  /// A full gradient buffer [padded_total] in the layout's order, for a driver that adds
+  /// several micro-batches' gradients before reducing: stages 0-1 the gradient buffer itself,
+  /// stages 2-3 a buffer taken from the scratch resource on first use.
+  std::span<G> accumulation() {
+    if constexpr (!Stage::shards_gradients::value) {
+      return grads_.span();
+    } else {
+      if (accum_.empty()) accum_ = buffer<G>(layout_.sizes().padded_total(), *res_.scratch);
+      return accum_.span();
+    }
+  }
+  /// Sums accumulation() over the ranks: in place (stage 0-1), or each parameter's slices into
+  /// this rank's gradient shard (2-3).
+  void reduce_accumulated() {
+    const auto& sz = layout_.sizes();
+    std::span<G> full = accumulation();
+    if constexpr (!Stage::shards_gradients::value) {
+      comm_->all_reduce(std::span<const G>(full), full, comm::reduce_op::sum);
+    } else {
+      for (std::size_t p = 0; p < sz.params(); ++p)
+        works_[p] = comm_->reduce_scatter_async(std::span<const G>(full.subspan(sz.offset(p), sz.padded_numel(p))),
+                                                grads_.span().subspan(sz.shard_offset(p), sz.shard_numel(p)),
+                                                comm::reduce_op::sum);
+      for (comm::work& w : works_) w.wait();
+    }
+  }
+  /// fn(full_offset, gradients) for this rank's slice of every parameter's reduced gradient,
+  /// with its offset in the full (padded) layout: the slices of the ranks partition the
+  /// gradient (what a norm summed over ranks counts once), on every stage.
+  template <class Fn>
+  void for_each_gradient_slice(Fn&& fn) const {
+    const auto& sz = layout_.sizes();
+    for (std::size_t p = 0; p < sz.params(); ++p) {
+      const std::size_t s = sz.shard_numel(p), at = Stage::shards_gradients::value ? sz.shard_offset(p) : sz.offset(p) + rank_ * s;
+      fn(sz.offset(p) + rank_ * s, std::span<const G>(grads_.data() + at, s));
+    }
   }
 
   /// AdamW on this rank's master weights with the mean gradient over ranks (times
@@ -185,25 +301,31 @@ class engine {
   /// refreshes the parameters every rank uses. Returns false, and changes nothing, when the
   /// gradient has an inf or NaN on any rank (fp16 overflow: the loss scaler backs off).
   bool step(float grad_scale = 1.f) {
-    const auto& sz = layout_.sizes();
     float scale = grad_scale / static_cast<float>(world_);
     last_norm_ = global_grad_norm(scale);
     if (!std::isfinite(last_norm_)) return false;
     if (opt_.gradient_clipping > 0.f && last_norm_ > opt_.gradient_clipping) scale *= opt_.gradient_clipping / last_norm_;
+    apply(scale);
+    return true;
+  }
+
+  /// AdamW on this rank's master weights with gradient x `scale` (the driver's mean, loss
+  /// scale and clipping folded in), then the parameters every rank uses are refreshed.
+  void apply(float scale) {
+    const auto& sz = layout_.sizes();
     ++step_;
     std::span<float> master = state_->master(), m = state_->exp_avg(), v = state_->exp_avg_sq();
     if constexpr (Stage::shards_optimizer::value && !Stage::shards_gradients::value) {
       // stage 1: gradients are full (all-reduced); this rank steps its slice of each parameter
       for (std::size_t p = 0; p < sz.params(); ++p) {
         const std::size_t s = sz.shard_numel(p), so = sz.shard_offset(p);
-        adamw_step<T>(master.subspan(so, s), std::span<const T>(grads_.data() + sz.offset(p) + rank_ * s, s),
+        adamw_step<G>(master.subspan(so, s), std::span<const G>(grads_.data() + sz.offset(p) + rank_ * s, s),
                       m.subspan(so, s), v.subspan(so, s), opt_.adamw, step_, scale);
       }
     } else {
-      adamw_step<T>(master, std::span<const T>(grads_.span()), m, v, opt_.adamw, step_, scale);
+      adamw_step<G>(master, std::span<const G>(grads_.span()), m, v, opt_.adamw, step_, scale);
     }
     refresh_parameters();
-    return true;
   }
 
   /// Learning rate of the next step (a schedule sets it every step).
@@ -216,7 +338,7 @@ class engine {
   float last_grad_norm() const noexcept { return last_norm_; }
 
   /// forward + backward + step.
-  template <layered_model<T> M>
+  template <layered_model<T, G> M>
   void train_step(M& model) {
     forward(model);
     backward(model);
@@ -248,13 +370,17 @@ class engine {
   state_bytes bytes() const noexcept {
     return {params_.bytes(), persistent_.bytes(), grads_.bytes(), 3 * state_->size() * sizeof(float)};
   }
+  /// Stage 3: elements of the largest gather arena this engine has held (over the gather
+  /// traces it was given; each plan keeps its live elements <= the unit in use + the prefetch
+  /// window, and <= stage3_max_live_parameters); 0 for stages 0-2.
+  std::size_t gather_arena_numel() const noexcept { return max_arena_; }
 
  private:
   // L2 norm over all ranks of scale * gradient; each rank sums the part it steps.
   float global_grad_norm(float scale) {
     const auto& sz = layout_.sizes();
     double local = 0;
-    auto add = [&](const T* g, std::size_t n) {
+    auto add = [&](const G* g, std::size_t n) {
       for (std::size_t i = 0; i < n; ++i) {
         const double x = static_cast<double>(static_cast<float>(g[i]));
         local += x * x;
@@ -271,11 +397,26 @@ class engine {
     return std::sqrt(sum) * scale;
   }
 
-  void acquire(std::size_t t) {
-    if constexpr (Stage::shards_parameters::value) gather_->acquire(t, std::span<const T>(params_.span()), ptrs_);
+  // Where this rank's refreshed slice of parameter p is cast before it is all-gathered: a
+  // buffer that is free now -- stage 3: the parameter shard itself; stage 1-2: the gradients
+  // (stage 1: this rank's slice of the full buffer; stage 2: the shard) when they have the
+  // parameters' type, else a buffer of its own.
+  T* send_slice(std::size_t p) {
+    const auto& sz = layout_.sizes();
+    const std::size_t s = sz.shard_numel(p), so = sz.shard_offset(p);
+    if constexpr (Stage::shards_parameters::value) {
+      return params_.data() + so;
+    } else if constexpr (!std::is_same_v<T, G>) {
+      if (send_.empty()) send_ = buffer<T>(sz.shard_total(), *res_.scratch);
+      return send_.data() + so;
+    } else {
+      return Stage::shards_gradients::value ? grads_.data() + so : grads_.data() + sz.offset(p) + rank_ * s;
+    }
   }
-  void release(std::size_t t) {
-    if constexpr (Stage::shards_parameters::value) gather_->release(t);
+
+  sched::all_gather_plan make_plan(std::vector<sched::trace_step> trace) const {
+    return trace.empty() ? sched::plan_all_gather(layout_.sizes(), opt_.stage3)
+                         : sched::plan_all_gather(layout_.sizes(), std::move(trace), opt_.stage3);
   }
 
   // Parameters every rank computes with, from the (updated) fp32 master.
@@ -291,9 +432,7 @@ class engine {
       // stage 3, the parameter shard itself.
       for (std::size_t p = 0; p < sz.params(); ++p) {
         const std::size_t s = sz.shard_numel(p), so = sz.shard_offset(p);
-        T* send = Stage::shards_parameters::value ? params_.data() + so
-                  : Stage::shards_gradients::value ? grads_.data() + so
-                                                   : grads_.data() + sz.offset(p) + rank_ * s;
+        T* send = send_slice(p);
         std::copy_n(master.begin() + so, s, send);
         if constexpr (Stage::shards_parameters::value) {
           if (gather_->plan().persistent[p])
@@ -317,12 +456,19 @@ class engine {
   float last_norm_ = 0.f;
   buffer<T> params_;      // stage 0-2: [padded_total] full; stage 3: [shard_total]
   buffer<T> persistent_;  // stage 3: gathered copies of small parameters
-  buffer<T> grads_;       // stage 0-1: [padded_total] full; stage 2-3: [shard_total]
+  buffer<G> grads_;       // stage 0-1: [padded_total] full; stage 2-3: [shard_total]
+  buffer<G> accum_;       // stage 2-3: [padded_total] for drivers that accumulate micro-batches
+  buffer<T> send_;        // stage 1-2: [shard_total] this rank's refreshed slices
+  std::vector<sched::trace_step> trace_;  // stage 0-2: the gather trace (stage 3: the plan's)
+  std::size_t cursor_ = 0;                // the trace step of the next acquire_layer
+  std::size_t max_arena_ = 0;             // stage 3: the largest gather arena so far
+  bool in_layer_ = false;
   std::unique_ptr<optimizer_state> state_;
   std::unique_ptr<sched::all_gather_scheduler<T, C>> gather_;
-  std::unique_ptr<sched::reduce_scatter_scheduler<T, C>> reduce_;
+  std::unique_ptr<sched::reduce_scatter_scheduler<G, C>> reduce_;
   std::vector<std::size_t> persistent_offset_;
-  std::vector<T*> ptrs_, gptrs_;  // [params]: where each parameter / its gradient is now
+  std::vector<T*> ptrs_;   // [params]: where each parameter is now
+  std::vector<G*> gptrs_;  // [params]: where backward writes each gradient
   std::vector<comm::work> works_;
 };
 

@@ -11,6 +11,13 @@ using loom::comm::thread_comm;
 using trainer_t = llama3d::trainer<double, double, thread_comm>;
 using namespace train3d_suite;
 
+namespace {
+void counting(std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+  llama3d::counting_batch(7, step, g, 2, 8, 32, tok, tgt);
+}
+}  // namespace
+
+
 
 TEST_CASE("3D meshes x ZeRO stages x schedules reproduce the (1,1,1) run") {
   const int m = 2;
@@ -65,6 +72,7 @@ TEST_CASE("ZeRO divides model states over dp") {
   o.mesh = {2, 2, 2};
   o.micro_batches = 2;
   o.seq = 8;
+  o.stage3.persistence_threshold = 0;  // nothing kept gathered: parameters / dp exactly
   const auto cfg = tiny(false);
   std::vector<std::size_t> state(4, 0);
   for (int zero = 0; zero <= 3; ++zero) {
@@ -91,6 +99,60 @@ TEST_CASE("ZeRO divides model states over dp") {
   CHECK(state[3] < state[2]);
   CHECK(state[2] < state[1]);
   CHECK(state[1] < state[0]);
+}
+
+TEST_CASE("ZeRO-3 gathers unit by unit: peak parameter bytes are the shard plus the gather window, far below the stage") {
+  // dp 4, one pipeline stage of 8 blocks. A rank's parameter memory has a resource of its own
+  // (the trainer's param_mr), whose peak counts every parameter byte it ever held: ZeRO-0 the
+  // whole stage S; ZeRO-3 its shard S/4 plus the gather arena A, where the plan keeps the
+  // live gathered elements <= U_max (the unit in use) + W (the prefetch window) and places
+  // them first-fit: peak = (S/4 + A) x sizeof(P), A <= 2 U_max + W (one unit of placement
+  // slack; docs/zero.md).
+  llama::config cfg = tiny(false, 8);
+  cfg.dim = 32, cfg.hidden_dim = 64, cfg.vocab = 64;
+  std::size_t arena = 0;
+  auto run = [&](int zero, std::size_t prefetch, std::size_t* stage_numel, std::size_t* unit_max,
+                 std::vector<double>* losses) {
+    auto o = options({4, 1, 1}, zero, "1f1b", 2);
+    o.stage3.prefetch_numel = prefetch;
+    std::size_t peak = 0;
+    loom::comm::run_ranks(4, [&](thread_comm& world) {
+      loom::host_memory_resource params("parameters");
+      trainer_t t(world, cfg, o, loom::default_resource<loom::host>(), &params);
+      for (int s = 0; s < 3; ++s) {
+        const auto st = t.step(counting);
+        if (world.rank() == 0) losses->push_back(st.loss);
+      }
+      const double eval = t.evaluate(counting, 99);  // forward-only, re-planned gathers
+      if (world.rank() == 0) {
+        losses->push_back(eval);
+        peak = params.peak_bytes();
+        arena = t.engine().gather_arena_numel();  // the larger of the training and the evaluation plan's
+        *stage_numel = t.model().size();
+        const auto& L = t.model().layout();
+        *unit_max = 0;
+        for (std::size_t u = 0; u < L.units(); ++u) *unit_max = std::max(*unit_max, L.unit_end(u) - L.unit_begin(u));
+      }
+    });
+    return peak;
+  };
+  std::size_t S = 0, U = 0;
+  std::vector<double> l0, l3, l3w;
+  const std::size_t full = run(0, 0, &S, &U, &l0);
+  CHECK(full == S * sizeof(double));
+  for (std::size_t window : {std::size_t{0}, U}) {
+    CAPTURE(window);
+    std::vector<double>& l = window ? l3w : l3;
+    const std::size_t peak = run(3, window, &S, &U, &l);
+    CHECK(peak == (S / 4 + arena) * sizeof(double));  // the resource's count is the engine's accounting
+    CHECK(arena <= 2 * U + window);
+    CHECK(arena >= U + window);                        // the window was used: one unit prefetched ahead
+    CHECK(peak < (window ? 0.6 : 0.4) * double(full));
+    MESSAGE("ZeRO-3 dp 4, window ", window, ": peak parameter bytes ", peak, " = ", double(peak) / double(full),
+            " of the stage's ", full, "; largest unit ", U, " elements");
+    REQUIRE(l.size() == l0.size());
+    for (std::size_t i = 0; i < l.size(); ++i) CHECK(std::abs(l[i] - l0[i]) <= 1e-9 * std::abs(l0[i]));
+  }
 }
 
 TEST_CASE("an inf/NaN gradient on one rank makes every rank skip the step") {
@@ -120,12 +182,6 @@ TEST_CASE("an inf/NaN gradient on one rank makes every rank skip the step") {
 }
 
 // ---- loss scaling and low-precision parameter storage (the seed's fp16 ds_config) ----
-
-namespace {
-void counting(std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
-  llama3d::counting_batch(7, step, g, 2, 8, 32, tok, tgt);
-}
-}  // namespace
 
 TEST_CASE("a dynamic loss scale (powers of two) trains exactly as no scale, growing every window on all ranks") {
   // Scaling the loss by 2^k scales every gradient by exactly 2^k in binary floating point, and

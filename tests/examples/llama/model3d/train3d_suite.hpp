@@ -38,6 +38,10 @@ inline llama3d::train_options options(loom::comm::mesh_shape mesh, int zero, con
   o.seq = 8;
   o.adamw.lr = 3e-3f;
   o.gradient_clipping = 0.5f;  // active in the first steps: the norm spans all three dimensions
+  // ZeRO-3 gathers every unit (none is small enough to stay gathered) and prefetches one
+  // unit ahead at most, so the tests run the gather / prefetch / release path itself
+  o.stage3.persistence_threshold = 0;
+  o.stage3.prefetch_numel = 4096;
   return o;
 }
 
