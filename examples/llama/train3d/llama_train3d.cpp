@@ -7,6 +7,7 @@
 #include <common/batches.hpp>
 #include <common/loss_scaler.hpp>
 #include <common/zero_options.hpp>
+#include "checkpoint.hpp"
 #include "train3d.hpp"
 
 #include <loom/comm/thread_comm.hpp>
@@ -37,6 +38,8 @@ const char* usage =
     "                     [--tied] [--checkpointing] [--lr LR] [--clip C] [--precision fp32|bf16|fp16] [--seed S] [--print-every N]\n"
     "                     [--data a.bin,b.bin | chat.jsonl]   token shards (uint16) or chat records; default: a counting corpus\n"
     "                     [--eval-every N [--eval-data FILES] [--eval-batches K]]   held-out loss and perplexity every N steps\n"
+    "                     [--save DIR [--save-every N]] [--resume DIR]   sharded checkpoints: DIR/step-<N>, DIR/latest; a\n"
+    "                     checkpoint resumes on any mesh and ZeRO stage (--resume DIR: its latest, or DIR/step-<N>)\n"
     "  Ranks are threads (dp*tp*pp of them), or the processes of `mpirun -np dp*tp*pp`. A config's zero stage, micro batch, gradient\n"
     "  accumulation (= micro-batches per step), precision (fp16: its loss scaler), optimizer, scheduler and clipping win over\n"
     "  the flags. bf16 / fp16 store parameters in that type (fp32 master weights and compute).\n";
@@ -56,6 +59,8 @@ struct program_options {
   loom::dtype precision = loom::dtype::f32;   ///< what the run stores parameters as
   std::int64_t steps = 20;
   int print_every = 1;
+  std::string save, resume;  ///< --save DIR, --resume DIR
+  int save_every = 0;        ///< --save-every N (0: only at the end)
   bool help = false;
 };
 
@@ -109,6 +114,12 @@ program_options parse(int argc, char** argv) {
     else if (a == "--seed") o.train.seed = number<std::uint64_t>(a, value());
     else if (a == "--precision") o.precision_flag = examples::cli::precision(a, value());
     else if (a == "--print-every") o.print_every = number<int>(a, value());
+    else if (a == "--save") o.save = value();
+    else if (a == "--resume") o.resume = value();
+    else if (a == "--save-every") {
+      o.save_every = number<int>(a, value());
+      LOOM_CHECK(o.save_every >= 0, "llama-train3d: --save-every ", o.save_every, " must be >= 0");
+    }
     else return false;
     return true;
   });
@@ -250,7 +261,16 @@ int main(int argc, char** argv) {
       const std::int64_t held_out = std::int64_t(1) << 40;
       loom::data::token_batch batch;
       const int G = mesh.dp * o.train.micro_batches;
-      for (std::int64_t s = 0; s < o.steps; ++s) {
+      if (!o.resume.empty()) {
+        llama3d::load_checkpoint(t, o.resume);
+        if (r == 0) std::printf("resumed from %s at step %lld\n", llama3d::resolve_checkpoint(o.resume).c_str(), (long long)t.steps());
+      }
+      LOOM_CHECK(o.steps >= t.steps(), "llama-train3d: --steps ", o.steps, " is below the resumed checkpoint's step ", t.steps());
+      auto save = [&] {
+        const std::string dir = llama3d::save_checkpoint(t, o.save);
+        if (r == 0) std::printf("saved checkpoint %s\n", dir.c_str());
+      };
+      for (std::int64_t s = t.steps(); s < o.steps; ++s) {
         t.set_lr(schedule.lr(t.steps()));  // a skipped step does not advance the schedule (DeepSpeed)
         auto st = t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
           if (!loader)
@@ -284,7 +304,9 @@ int main(int argc, char** argv) {
                     o.eval_batches;
           if (r == 0) std::printf("eval after step %lld: loss %.4f  perplexity %.3f\n", (long long)s + 1, eval, std::exp(eval));
         }
+        if (!o.save.empty() && o.save_every > 0 && (s + 1) % o.save_every == 0 && s + 1 != o.steps) save();
       }
+      if (!o.save.empty()) save();
     };
     auto body = [&](auto& comm, loom::host_memory_resource& mr, const char* kind) {
       switch (o.precision) {

@@ -225,6 +225,16 @@ class trainer {
     opt_.adamw.lr = lr;
     for (auto& ck : chunks_) ck->zero->set_lr(lr);
   }
+  /// The loss scaler (its state goes into checkpoints).
+  loom::amp::any_loss_scaler& loss_scaler() noexcept { return opt_.loss_scaler; }
+  const train_options& options() const noexcept { return opt_; }
+  /// After a checkpoint's state was loaded into the engines: `steps` optimizer steps were
+  /// taken (the engines' AdamW step and the schedule's position). Collective.
+  void restore(std::int64_t steps) {
+    LOOM_CHECK(steps >= 0, "llama3d::trainer::restore: steps must be >= 0, got steps=", steps);
+    for (auto& ck : chunks_) ck->zero->restore(steps);
+    step_ = steps;
+  }
   /// The ZeRO engine of model chunk c (its layout has one entry per unit of the chunk).
   engine_t& engine(int c = 0) noexcept { return *chunks_[static_cast<std::size_t>(c)]->zero; }
 

@@ -26,6 +26,9 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <map>
+#include <span>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -48,35 +51,44 @@ static_assert(std::endian::native == std::endian::little, "loom::io reads little
 /// document costs several times its size in memory.
 inline constexpr std::uint64_t safetensors_max_header_bytes = 100'000'000;
 
-/// All tensors of a .safetensors file, as float.
-inline tensor_map read_safetensors(const std::string& path) {
-  using data::quote_input, data::quote_json;
-  const std::vector<char> bytes = detail::read_file_bytes(path);
-  const std::string what = "safetensors '" + path + "'";
-  LOOM_CHECK(bytes.size() >= 8, what, ": file of ", bytes.size(), " bytes has no header");
-  std::uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  LOOM_CHECK(n <= bytes.size() - 8, what, ": header length ", n, " exceeds the file size ", bytes.size());
-  LOOM_CHECK(n <= safetensors_max_header_bytes, what, ": header length ", n, " exceeds the limit of ", safetensors_max_header_bytes, " bytes");
-  const nlohmann::json header =
-      data::parse_json_input(std::string_view(bytes.data() + 8, static_cast<std::size_t>(n)), what + ": header");
-  LOOM_CHECK(header.is_object(), what, ": header is not a JSON object");
-  const char* data = bytes.data() + 8 + n;
-  const std::uint64_t data_size = bytes.size() - 8 - n;
+/// One tensor of a safetensors file, as its header states it (checked against the file).
+struct safetensors_entry {
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+  std::uint64_t count = 0, begin = 0, end = 0;  ///< elements; byte offsets after the header
+};
 
-  // Every entry is checked, and the entries together, before any tensor is allocated
-  struct entry {
-    std::string name, dtype;
-    std::vector<std::int64_t> shape;
-    std::uint64_t count = 0, begin = 0, end = 0;
-  };
-  std::vector<entry> entries;
+/// A safetensors file's header: what a reader needs to read any tensor, or any range of
+/// one, without reading the rest of the file.
+struct safetensors_index {
+  std::string path;
+  std::uint64_t data_start = 0;  ///< file offset of the data bytes
+  std::map<std::string, safetensors_entry> tensors;
+  std::map<std::string, std::string> metadata;  ///< "__metadata__" (string values only)
+};
+
+namespace detail {
+// Every entry is checked, and the entries together, before any tensor is allocated.
+inline safetensors_index parse_safetensors_header(const std::string& path, std::string_view header_bytes,
+                                                  std::uint64_t data_size) {
+  using data::quote_input, data::quote_json;
+  const std::string what = "safetensors '" + path + "'";
+  const nlohmann::json header = data::parse_json_input(header_bytes, what + ": header");
+  LOOM_CHECK(header.is_object(), what, ": header is not a JSON object");
+  safetensors_index index;
+  index.path = path;
+  index.data_start = 8 + header_bytes.size();
   for (auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      if (info.is_object())
+        for (auto& [k, v] : info.items())
+          if (v.is_string()) index.metadata[k] = v.get<std::string>();
+      continue;
+    }
     const std::string where = what + ": tensor " + quote_input(name);
     LOOM_CHECK(info.is_object(), where, ": entry must be an object, got ", quote_json(info));
     for (const char* key : {"dtype", "shape", "data_offsets"}) LOOM_CHECK(info.contains(key), where, ": missing \"", key, "\"");
-    entry e{name, "", {}, 0, 0, 0};
+    safetensors_entry e;
     const auto& dt = info["dtype"];
     const std::size_t es = dt.is_string() ? detail::dtype_size(dt.get<std::string>()) : 0;
     LOOM_CHECK(es != 0, where, ": unsupported dtype ", quote_json(dt), " (F32, F16, BF16 are)");
@@ -96,43 +108,101 @@ inline tensor_map read_safetensors(const std::string& path) {
     e.end = static_cast<std::uint64_t>(data::json_integer(off[1], where + ": data_offsets[1]", 0, limit));
     LOOM_CHECK(e.begin <= e.end && e.end - e.begin == *nbytes, where, ": data_offsets [", e.begin, ", ", e.end, "] span ",
                e.end - e.begin, " bytes, shape ", e.shape, " of ", e.dtype, " needs ", *nbytes);
-    entries.push_back(std::move(e));
+    index.tensors.emplace(name, std::move(e));
   }
   // The tensors must tile the data bytes exactly, as the format requires: an overlap would
   // alias two tensors, a hole would carry bytes no tensor accounts for
-  std::vector<const entry*> order;
-  for (const auto& e : entries) order.push_back(&e);
-  std::sort(order.begin(), order.end(), [](const entry* a, const entry* b) { return std::pair(a->begin, a->end) < std::pair(b->begin, b->end); });
+  std::vector<std::pair<const std::string*, const safetensors_entry*>> order;
+  for (const auto& [name, e] : index.tensors) order.push_back({&name, &e});
+  std::sort(order.begin(), order.end(),
+            [](const auto& a, const auto& b) { return std::pair(a.second->begin, a.second->end) < std::pair(b.second->begin, b.second->end); });
   std::uint64_t at = 0;
-  const entry* prev = nullptr;
-  for (const entry* e : order) {
-    LOOM_CHECK(e->begin >= at, what, ": tensor ", quote_input(e->name), " (data_offsets [", e->begin, ", ", e->end,
-               "]) overlaps tensor ", quote_input(prev ? prev->name : ""), " (ending at ", at, ")");
+  const std::string* prev = nullptr;
+  for (const auto& [name, e] : order) {
+    LOOM_CHECK(e->begin >= at, what, ": tensor ", quote_input(*name), " (data_offsets [", e->begin, ", ", e->end,
+               "]) overlaps tensor ", quote_input(prev ? *prev : ""), " (ending at ", at, ")");
     LOOM_CHECK(e->begin == at, what, ": data bytes [", at, ", ", e->begin, ") belong to no tensor (before tensor ",
-               quote_input(e->name), ")");
-    at = e->end, prev = e;
+               quote_input(*name), ")");
+    at = e->end, prev = name;
   }
   LOOM_CHECK(at == data_size, what, ": data bytes [", at, ", ", data_size, ") after the last tensor belong to no tensor");
+  return index;
+}
 
+// count elements of dtype `dt` at p, widened to float.
+inline void widen(const std::string& dt, const char* p, std::uint64_t count, float* out) {
+  if (dt == "F32") {
+    if (count) std::memcpy(out, p, 4 * static_cast<std::size_t>(count));
+    return;
+  }
+  const bool f16 = dt == "F16";
+  for (std::uint64_t i = 0; i < count; ++i) {
+    std::uint16_t b;
+    std::memcpy(&b, p + 2 * i, 2);
+    out[i] = f16 ? static_cast<float>(std::bit_cast<half>(b)) : static_cast<float>(std::bit_cast<bfloat16>(b));
+  }
+}
+}  // namespace detail
+
+/// All tensors of a .safetensors file, as float.
+inline tensor_map read_safetensors(const std::string& path) {
+  const std::vector<char> bytes = detail::read_file_bytes(path);
+  const std::string what = "safetensors '" + path + "'";
+  LOOM_CHECK(bytes.size() >= 8, what, ": file of ", bytes.size(), " bytes has no header");
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  LOOM_CHECK(n <= bytes.size() - 8, what, ": header length ", n, " exceeds the file size ", bytes.size());
+  LOOM_CHECK(n <= safetensors_max_header_bytes, what, ": header length ", n, " exceeds the limit of ", safetensors_max_header_bytes, " bytes");
+  const safetensors_index index =
+      detail::parse_safetensors_header(path, std::string_view(bytes.data() + 8, static_cast<std::size_t>(n)), bytes.size() - 8 - n);
   tensor_map out;
-  for (const auto& e : entries) {
+  for (const auto& [name, e] : index.tensors) {
     named_tensor t;
     t.shape = e.shape;
     t.data = buffer<float>(static_cast<std::size_t>(e.count));
-    const char* p = data + e.begin;
-    if (e.dtype == "F32") {
-      if (e.count) std::memcpy(t.data.data(), p, 4 * static_cast<std::size_t>(e.count));
-    } else {
-      const bool f16 = e.dtype == "F16";
-      for (std::uint64_t i = 0; i < e.count; ++i) {
-        std::uint16_t b;
-        std::memcpy(&b, p + 2 * i, 2);
-        t.data[i] = f16 ? static_cast<float>(std::bit_cast<half>(b)) : static_cast<float>(std::bit_cast<bfloat16>(b));
-      }
-    }
-    out.emplace(e.name, std::move(t));
+    detail::widen(e.dtype, bytes.data() + index.data_start + e.begin, e.count, t.data.data());
+    out.emplace(name, std::move(t));
   }
   return out;
+}
+
+/// The header of a .safetensors file, read and checked against the file's size without
+/// reading its data.
+inline safetensors_index read_safetensors_index(const std::string& path) {
+  const std::string what = "safetensors '" + path + "'";
+  std::error_code ec;
+  LOOM_CHECK(std::filesystem::is_regular_file(path, ec), what, ": not a regular file (or missing)");
+  const std::uint64_t size = std::filesystem::file_size(path, ec);
+  LOOM_CHECK(!ec, what, ": cannot determine its size");
+  std::ifstream f(path, std::ios::binary);
+  LOOM_CHECK(f.good() && size >= 8, what, ": file of ", size, " bytes has no header");
+  std::uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  LOOM_CHECK(n <= size - 8, what, ": header length ", n, " exceeds the file size ", size);
+  LOOM_CHECK(n <= safetensors_max_header_bytes, what, ": header length ", n, " exceeds the limit of ", safetensors_max_header_bytes, " bytes");
+  std::string header(static_cast<std::size_t>(n), '\0');
+  f.read(header.data(), static_cast<std::streamsize>(n));
+  LOOM_CHECK(f.good(), what, ": cannot read its ", n, "-byte header");
+  return detail::parse_safetensors_header(path, header, size - 8 - n);
+}
+
+/// Elements [first, first + out.size()) of tensor `name` (row-major), widened to float: only
+/// those bytes are read.
+inline void read_safetensors_range(const safetensors_index& index, const std::string& name, std::uint64_t first,
+                                   std::span<float> out) {
+  const std::string what = "safetensors '" + index.path + "'";
+  const auto it = index.tensors.find(name);
+  LOOM_CHECK(it != index.tensors.end(), what, ": no tensor ", data::quote_input(name));
+  const safetensors_entry& e = it->second;
+  LOOM_CHECK(first <= e.count && out.size() <= e.count - first, what, ": tensor ", data::quote_input(name), " has ", e.count,
+             " elements; asked for [", first, ", ", first + out.size(), ")");
+  const std::size_t es = detail::dtype_size(e.dtype);
+  std::vector<char> bytes(out.size() * es);
+  std::ifstream f(index.path, std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(index.data_start + e.begin + first * es));
+  f.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  LOOM_CHECK(f.good() || bytes.empty(), what, ": tensor ", data::quote_input(name), " is truncated (file shorter than its header says)");
+  detail::widen(e.dtype, bytes.data(), out.size(), out.data());
 }
 
 /// Writes `tensors` as `dtype` ("F32", "F16" or "BF16"), names in sorted order.

@@ -39,6 +39,10 @@ class any_engine {
   virtual void apply(float scale) = 0;
   virtual void set_lr(float lr) = 0;
   virtual std::vector<float> gather_master() = 0;
+  virtual void for_each_state_slice(
+      const std::function<void(std::size_t, std::span<float>, std::span<float>, std::span<float>)>& fn) = 0;
+  virtual void restore(std::int64_t steps) = 0;
+  virtual std::int64_t steps_taken() const noexcept = 0;
   virtual state_bytes bytes() const noexcept = 0;
   virtual std::size_t gather_arena_numel() const noexcept = 0;
 };
@@ -64,6 +68,12 @@ class engine_of final : public any_engine<T, C, G> {
   void apply(float scale) override { e_.apply(scale); }
   void set_lr(float lr) override { e_.set_lr(lr); }
   std::vector<float> gather_master() override { return e_.gather_master(); }
+  void for_each_state_slice(
+      const std::function<void(std::size_t, std::span<float>, std::span<float>, std::span<float>)>& fn) override {
+    e_.for_each_state_slice(fn);
+  }
+  void restore(std::int64_t steps) override { e_.restore(steps); }
+  std::int64_t steps_taken() const noexcept override { return e_.steps_taken(); }
   state_bytes bytes() const noexcept override { return e_.bytes(); }
   std::size_t gather_arena_numel() const noexcept override { return e_.gather_arena_numel(); }
 

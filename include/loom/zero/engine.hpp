@@ -328,6 +328,39 @@ class engine {
     refresh_parameters();
   }
 
+  /// fn(full_offset, master, exp_avg, exp_avg_sq) for this rank's slice of every parameter's
+  /// fp32 optimizer state (stage 0: the slice of the whole copy it would own at stage 1), so
+  /// the ranks' slices partition the state: what a sharded checkpoint saves and loads.
+  template <class Fn>
+  void for_each_state_slice(Fn&& fn) {
+    const auto& sz = layout_.sizes();
+    std::span<float> master = state_->master(), m = state_->exp_avg(), v = state_->exp_avg_sq();
+    for (std::size_t p = 0; p < sz.params(); ++p) {
+      const std::size_t s = sz.shard_numel(p), at = Stage::shards_optimizer::value ? sz.shard_offset(p) : sz.offset(p) + rank_ * s;
+      fn(sz.offset(p) + rank_ * s, master.subspan(at, s), m.subspan(at, s), v.subspan(at, s));
+    }
+  }
+  /// After the state slices were loaded (on every rank): `steps` AdamW steps taken, the
+  /// parameters recomputed from the master. Stage 0 first gathers the whole master (every
+  /// rank loaded only its slice). Collective.
+  void restore(std::int64_t steps) {
+    LOOM_CHECK(steps >= 0, "zero::engine::restore: steps must be >= 0, got steps=", steps);
+    if constexpr (!Stage::shards_optimizer::value) {
+      const auto& sz = layout_.sizes();
+      for (std::span<float> x : {state_->master(), state_->exp_avg(), state_->exp_avg_sq()}) {
+        std::vector<float> slice;
+        for (std::size_t p = 0; p < sz.params(); ++p) {
+          const std::size_t s = sz.shard_numel(p);
+          slice.assign(x.begin() + static_cast<std::ptrdiff_t>(sz.offset(p) + rank_ * s),
+                       x.begin() + static_cast<std::ptrdiff_t>(sz.offset(p) + (rank_ + 1) * s));
+          comm_->all_gather(std::span<const float>(slice), x.subspan(sz.offset(p), sz.padded_numel(p)));
+        }
+      }
+    }
+    step_ = steps;
+    refresh_parameters();
+  }
+
   /// Learning rate of the next step (a schedule sets it every step).
   void set_lr(float lr) {
     LOOM_CHECK(std::isfinite(lr) && lr >= 0.f, "zero::engine::set_lr: lr must be finite and >= 0, got lr=", lr);

@@ -275,6 +275,31 @@ TEST_CASE("safetensors: lying lengths, offsets, shapes and dtypes, each naming t
   CHECK(msg.size() < 1000);
 }
 
+TEST_CASE("safetensors index and range reads: only the header is parsed, a range reads those elements, checked") {
+  temp_dir t;
+  bytes d;
+  d.put(std::uint16_t{0x3c00}).put(std::uint16_t{0xc000}).put(std::uint16_t{0x4000});  // f16 1, -2, 2
+  for (float x : {5.f, 6.f, 7.f, 8.f}) d.put(x);
+  const auto p = t.write("idx.safetensors",
+                         safetensors_bytes(R"({"__metadata__": {"rank": "3"}, "h": {"dtype": "F16", "shape": [3], "data_offsets": [0, 6]},
+                                               "f": {"dtype": "F32", "shape": [2, 2], "data_offsets": [6, 22]}})",
+                                           d.b));
+  const safetensors_index ix = read_safetensors_index(p);
+  CHECK(ix.metadata.at("rank") == "3");
+  CHECK(ix.tensors.at("f").count == 4);
+  float two[2];
+  read_safetensors_range(ix, "f", 1, two);  // the oracle: the values written above
+  CHECK((two[0] == 6.f && two[1] == 7.f));
+  read_safetensors_range(ix, "h", 1, two);
+  CHECK((two[0] == -2.f && two[1] == 2.f));
+  CHECK_ERROR_HAS(read_safetensors_range(ix, "f", 3, two), "idx.safetensors", "has 4 elements; asked for [3, 5)");
+  CHECK_ERROR_HAS(read_safetensors_range(ix, "g", 0, two), "no tensor \"g\"");
+  // the index checks the header against the file's size without reading the data
+  std::filesystem::resize_file(p, std::filesystem::file_size(p) - 4);
+  CHECK_ERROR_HAS(read_safetensors_index(p), "idx.safetensors", "data_offsets[1] must be <=");
+  CHECK_ERROR_HAS(read_safetensors_index(t.write("short.safetensors", "1234")), "short.safetensors", "has no header");
+}
+
 TEST_CASE("HF config.json: numbers range-checked by field, no silent narrowing") {
   temp_dir t;
   const std::string base = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 100)";

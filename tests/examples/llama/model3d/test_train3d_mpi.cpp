@@ -1,6 +1,8 @@
 // The 3D trainer under mpirun (-np 4: meshes (2,2,1) and (1,2,2); -np 8: (2,2,2)), every
 // ZeRO stage and the three schedules, against the (1,1,1) run computed in each process.
-#include "train3d_suite.hpp"
+#include "checkpoint_suite.hpp"
+
+#include <filesystem>
 
 #include <loom/comm/mpi_comm.hpp>
 
@@ -36,4 +38,26 @@ TEST_CASE("3D training on MPI ranks reproduces the (1,1,1) run") {
       }
     }
   }
+}
+
+TEST_CASE("a checkpoint saved by MPI ranks resumes bit for bit on its mesh and stage, within 1e-5 at another stage") {
+  // every process runs one rank; the directory is shared (one machine, or a shared filesystem)
+  loom::comm::mpi_comm world = loom::comm::mpi_comm::world();
+  const int n = world.size();
+  const loom::comm::mesh_shape mesh = n == 8 ? loom::comm::mesh_shape{2, 2, 2} : loom::comm::mesh_shape{2, 2, 1};
+  REQUIRE(mesh.size() == n);
+  const std::string root = "train3d_mpi_checkpoint_np" + std::to_string(n) + ".ckpt";
+  if (world.rank() == 0) std::filesystem::remove_all(root);
+  world.barrier();
+  const run_result straight = segment_rank(world, mesh, 3, 0, steps, "", "");
+  segment_rank(world, mesh, 3, 0, half_steps, "", root);
+  run_result want;
+  want.losses.assign(straight.losses.begin() + half_steps, straight.losses.end());
+  want.master = straight.master;
+  const run_result same = segment_rank(world, mesh, 3, half_steps, steps, root, "");
+  CHECK(same.losses == want.losses);
+  CHECK(same.master == want.master);
+  compare(segment_rank(world, mesh, 1, half_steps, steps, root, ""), want);
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(root);
 }
