@@ -14,10 +14,8 @@ namespace llama {
 
 template <class P, loom::ops::compute_type T>
 flat_weights from_trained(const model<P, T>& m) {
-  flat_weights w{m.cfg(), loom::buffer<float>(llama3d::full_layout(m.cfg()).size())};
-  const auto flat = m.params();
-  LOOM_CHECK(flat.size() >= w.params.size(), "from_trained: the model holds ", flat.size(), " parameters, its layout ",
-             w.params.size());
+  flat_weights w{m.cfg(), m.layout(), loom::buffer<float>(m.layout().size())};
+  const auto flat = m.params();  // the layout's elements, then padding to the data-parallel size (none at one rank)
   std::transform(flat.begin(), flat.begin() + static_cast<std::ptrdiff_t>(w.params.size()), w.params.begin(),
                  [](P v) { return static_cast<float>(v); });
   return w;

@@ -29,21 +29,22 @@ namespace llama {
 /// A model for the engine: its config and parameters, one flat buffer of full_layout(cfg).
 struct flat_weights {
   config cfg;
-  loom::buffer<float> params;
+  loom::nn::param_layout layout;  // llama3d::full_layout(cfg)
+  loom::buffer<float> params;     // [layout.size()]
 
   /// The tensor called `name` (Meta's names), for readers and tests.
   std::span<const float> tensor(const std::string& name) const {
-    const auto& e = llama3d::full_layout(cfg).find(name);
+    const auto& e = layout.find(name);
     return params.span().subspan(e.offset, e.numel);
   }
 
   /// Every tensor of full_layout(c) from `source(name, shape)`, which names a missing or
   /// misshapen tensor in a loom::error; padding stays zero.
   static flat_weights fill(const config& c, const std::function<std::span<const float>(const loom::nn::param_info&)>& source) {
-    const loom::nn::param_layout layout = llama3d::full_layout(c);
-    flat_weights w{c, loom::buffer<float>(layout.size())};
+    flat_weights w{c, llama3d::full_layout(c), {}};
+    w.params = loom::buffer<float>(w.layout.size());
     std::fill(w.params.begin(), w.params.end(), 0.f);
-    for (const auto& e : layout.entries()) {
+    for (const auto& e : w.layout.entries()) {
       const auto t = source(e);
       std::copy(t.begin(), t.end(), w.params.begin() + static_cast<std::ptrdiff_t>(e.offset));
     }
@@ -57,8 +58,7 @@ struct flat_weights {
     loom::buffer<float> t;
     return fill(c, [&](const loom::nn::param_info& e) {
       t = loom::buffer<float>(e.numel);
-      const auto ends = [&](std::string_view s) { return e.name.size() >= s.size() && e.name.ends_with(s); };
-      if (ends("norm.weight")) rng.fill_uniform(t.span(), e.offset, 0.8f, 1.2f);
+      if (e.name.ends_with("norm.weight")) rng.fill_uniform(t.span(), e.offset, 0.8f, 1.2f);
       else rng.fill_normal(t.span(), e.offset, 0.f, e.name == "tok_embeddings.weight" ? 1.f : 1.f / std::sqrt(float(e.shape[1])));
       return std::span<const float>(t.span());
     });
