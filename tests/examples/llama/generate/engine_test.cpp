@@ -203,3 +203,28 @@ TEST_CASE("engine rejects token ids outside the vocabulary") {
   r.prompt = {1, 2, static_cast<token_id>(c.vocab)};
   CHECK_THROWS_AS(eng.add(r), loom::error);
 }
+
+TEST_CASE("weights that do not fit their config, and checkpoints that lack a tensor, are refused by name") {
+  const config c = test_config();
+  flat_weights w = flat_weights::random(c, 5);
+  w.params = loom::buffer<float>(w.params.size() - 16);  // one aligned tensor slot short
+  CHECK_THROWS_WITH_AS(llama_engine<float>(w, {}), doctest::Contains("llama_engine: the weights hold"), loom::error);
+
+  const flat_weights full = flat_weights::random(c, 5);
+  loom::io::tensor_map m;
+  auto put = [&](const loom::nn::param_info& e) {
+    loom::io::named_tensor t;
+    t.shape.assign(e.shape.begin(), e.shape.end());
+    t.data = loom::buffer<float>(e.numel);
+    const auto src = full.tensor(e.name);
+    std::copy(src.begin(), src.end(), t.data.begin());
+    m.emplace(e.name, std::move(t));
+  };
+  const std::string dropped = "layers.1.feed_forward.w3.weight";
+  for (const auto& e : full.layout.entries())
+    if (e.name != dropped) put(e);
+  CHECK_THROWS_WITH_AS(detail::from_tensors(c, m), doctest::Contains(dropped.c_str()), loom::error);
+  put(full.layout.find(dropped));  // with it, the copy is the original, element for element
+  const flat_weights back = detail::from_tensors(c, m);
+  CHECK(std::equal(back.params.begin(), back.params.end(), full.params.begin(), full.params.end()));
+}
