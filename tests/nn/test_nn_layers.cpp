@@ -404,4 +404,8 @@ TEST_CASE("inference: attention::forward_cached one token at a time and swiglu_m
   CHECK_THROWS_AS(att.forward_cached(self, att.pack(std::span<const float>(p)), make_view(static_cast<const float*>(x.data()), 1, 24),
                                      pos, [](auto...) {}, make_view(y.data(), 1, 8), ws),
                   loom::error);  // 24 features, the layer takes 8
+  nn::param_layout Lb;
+  const nn::attention<float> biased(Lb, "attn", {8, 2, 2, 4, 10000.0, ops::rope_style::interleaved, {}, true});
+  std::vector<float> pb(Lb.size());
+  CHECK_THROWS_WITH_AS(biased.pack(std::span<const float>(pb)), doctest::Contains("bias=true"), loom::error);
 }

@@ -214,13 +214,15 @@ class attention {
 
   // ---- forward only, over a key/value cache (inference) ----------------------------------
   /// The projections packed once for the GEMMs that read them (ops::packed_weight), from
-  /// this layer's parameters in `params` (fp32).
+  /// this layer's parameters in `params` (fp32). Layers with biases are refused (none of the
+  /// decoders run this way has them yet).
   struct packed {
     ops::packed_weight wq, wk, wv, wo;
   };
   packed pack(std::span<const float> params) const
     requires std::same_as<T, float>
   {
+    LOOM_CHECK(!cfg_.bias, "nn::attention::pack: the forward-only path has no biases, and this layer has bias=true");
     auto p = [&](const linear<T>& l) { return ops::packed_weight(l.weight().in(params)); };
     return {p(wq_), p(wk_), p(wv_), p(wo_)};
   }
@@ -230,7 +232,8 @@ class attention {
   /// values of the tokens before them live is the caller's: `attend(q, k, v, out)` gets the
   /// rotated q [n, heads, head_dim] and k, v [n, kv_heads, head_dim] of this rank's heads,
   /// stores k and v with their sequences (a paged KV cache) and writes each query's
-  /// attention over its sequence into out [n, heads, head_dim]. Scratch comes from ws.
+  /// attention over its sequence into out [n, heads, head_dim]. Scratch comes from ws; y may
+  /// be x's buffer (x is read only before y is written).
   template <comm::communicator C, class Attend>
     requires std::same_as<T, float>
   void forward_cached(C& tp, const packed& w, in_view<T, 2> x, std::span<const std::int64_t> positions, Attend&& attend,

@@ -110,7 +110,8 @@ class swiglu_mlp {
     auto p = [&](const linear<T>& l) { return ops::packed_weight(l.weight().in(params)); };
     return {p(w1_), p(w2_), p(w3_)};
   }
-  /// y [rows, dim] = mlp(x [rows, dim]) summed over tp, keeping no activations (scratch from ws).
+  /// y [rows, dim] = mlp(x [rows, dim]) summed over tp, keeping no activations (scratch from
+  /// ws); y may be x's buffer (x is read only before y is written).
   template <comm::communicator C>
     requires std::same_as<T, float>
   void forward(C& tp, const packed& w, in_view<T, 2> x, tensor_view<T, host, 2> y, workspace<T>& ws) const {
