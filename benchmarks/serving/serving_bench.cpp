@@ -68,11 +68,11 @@ struct result {
   double waste = 0;
 };
 
-llama_config bench_model() {
-  llama_config c;
-  c.dim = 128, c.hidden_dim = 344, c.n_layers = 4, c.n_heads = 4, c.n_kv_heads = 2, c.vocab_size = 512;
-  c.max_seq_len = 1024;
-  c.shared_classifier = false;
+config bench_model() {
+  config c;
+  c.dim = 128, c.hidden_dim = 344, c.n_layers = 4, c.n_heads = 4, c.n_kv_heads = 2, c.vocab = 512;
+  c.seq_len = 1024;
+  c.tied_output = false;
   return c;
 }
 
@@ -93,7 +93,7 @@ void run_all(Engine& eng, std::vector<loom::kv::request> reqs, result& r, double
   r.preemptions = eng.scheduler().num_preemptions();
 }
 
-result continuous(const llama_weights& w, const std::vector<workload_item>& wl, const options& o) {
+result continuous(const flat_weights& w, const std::vector<workload_item>& wl, const options& o) {
   engine_config ec;
   ec.block_size = o.block_size;
   ec.num_blocks = o.kv_tokens / o.block_size;
@@ -122,7 +122,7 @@ result continuous(const llama_weights& w, const std::vector<workload_item>& wl, 
   return r;
 }
 
-result static_batching(const llama_weights& w, const std::vector<workload_item>& wl, const options& o) {
+result static_batching(const flat_weights& w, const std::vector<workload_item>& wl, const options& o) {
   const int worst = worst_case(o);
   const int batch = std::max(1, o.kv_tokens / worst);
   result r;
@@ -173,8 +173,8 @@ result static_batching(const llama_weights& w, const std::vector<workload_item>&
   return r;
 }
 
-double single_stream(const llama_config& c, int tokens, std::uint64_t seed) {
-  const llama_weights w = llama_weights::random(c, seed);
+double single_stream(const config& c, int tokens, std::uint64_t seed) {
+  const flat_weights w = flat_weights::random(c, seed);
   engine_config ec;
   ec.num_blocks = (tokens + 64) / 16 + 1;
   llama_engine<float> eng(w, ec);
@@ -228,23 +228,23 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "loom-bench-serving: %s\n%s", e.what(), usage);
     return 2;
   }
-  const llama_config c = bench_model();
-  const llama_weights w = llama_weights::random(c, o.seed);
+  const config c = bench_model();
+  const flat_weights w = flat_weights::random(c, o.seed);
   loom::counter_rng rng(o.seed);
   std::uint64_t k = 0;
   auto uni = [&](int lo, int hi) { return lo + static_cast<int>(rng.bits(k++) % static_cast<std::uint32_t>(hi - lo + 1)); };
   std::vector<workload_item> wl(static_cast<std::size_t>(o.requests));
   for (auto& it : wl) {
-    for (int j = 0, n = uni(o.min_prompt, o.max_prompt); j < n; ++j) it.prompt.push_back(uni(3, c.vocab_size - 1));
+    for (int j = 0, n = uni(o.min_prompt, o.max_prompt); j < n; ++j) it.prompt.push_back(uni(3, static_cast<int>(c.vocab) - 1));
     it.output = uni(0, 99) < o.long_percent ? uni(o.min_long, o.max_long) : uni(o.min_output, o.max_output);
   }
   std::printf("model: dim=%d hidden=%d layers=%d heads=%d kv_heads=%d vocab=%d (random weights, fp32, 1 thread)\n",
-              c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size);
+              int(c.dim), int(c.hidden_dim), int(c.n_layers), int(c.n_heads), int(c.n_kv_heads), int(c.vocab));
   std::printf("workload: %d requests, prompt %d..%d tokens, output %d..%d tokens (%d%% of requests: %d..%d); KV memory "
               "%d token slots (%.1f MiB), block size %d, step budget %d\n\n",
               o.requests, o.min_prompt, o.max_prompt, o.min_output, o.max_output, o.long_percent, o.min_long, o.max_long,
               o.kv_tokens,
-              o.kv_tokens * 2.0 * c.n_layers * c.kv_dim() * 4 / 1048576.0, o.block_size, o.budget);
+              o.kv_tokens * 2.0 * c.n_layers * c.n_kv_heads * c.head_dim() * 4 / 1048576.0, o.block_size, o.budget);
   std::int64_t prompt_tokens = 0, output_tokens = 0;
   for (auto& it : wl) prompt_tokens += static_cast<std::int64_t>(it.prompt.size()), output_tokens += it.output;
   std::printf("useful work: %lld prompt + %lld output tokens\n\n", static_cast<long long>(prompt_tokens),
@@ -262,9 +262,9 @@ int main(int argc, char** argv) {
               100 * r.waste, static_cast<long long>(r.preemptions));
   std::printf("\ncontinuous / static throughput: %.2fx (CPU time), %.2fx (wall time)\n\n",
               (r.useful / r.cpu) / (s.useful / s.cpu), (r.useful / r.seconds) / (s.useful / s.seconds));
-  llama_config stories = c;  // the size of llama2.c's stories15M
+  config stories = c;  // the size of llama2.c's stories15M
   stories.dim = 288, stories.hidden_dim = 768, stories.n_layers = 6, stories.n_heads = 6, stories.n_kv_heads = 6;
-  stories.vocab_size = 32000, stories.max_seq_len = 1024;
+  stories.vocab = 32000, stories.seq_len = 1024;
   std::printf("| single-stream decode (1 thread) | tokens / CPU s |\n|---|---|\n");
   std::printf("| bench model (above) | %.0f |\n", single_stream(c, o.decode_tokens, o.seed));
   std::printf("| stories15M size (dim 288, 6 layers, vocab 32000) | %.0f |\n", single_stream(stories, o.decode_tokens, o.seed));

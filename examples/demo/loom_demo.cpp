@@ -197,8 +197,7 @@ int main(int argc, char** argv) {
                 world, o.out.c_str(), model_path.c_str(), double(fs::file_size(model_path)) / (1024.0 * 1024.0));
 
     // ---- 3. load into the paged-KV engine and generate -------------------------------------------
-    const llama::llama_weights w =
-        llama::detail::from_tensors(llama::engine_config_of(cfg), loom::io::read_safetensors(model_path), llama::detail::meta_names);
+    const llama::flat_weights w = llama::detail::from_tensors(cfg, loom::io::read_safetensors(model_path));
     llama::engine_config ec;
     ec.num_blocks = 512;
     ec.block_size = 16;

@@ -336,3 +336,76 @@ TEST_CASE("embedding + cross-entropy layers: finite differences through a tiny c
   emb.backward(std::span(g), make_view(tok.data(), n), make_view(dlogits.data(), n, v));
   check_gradient(p, g, fwd, "embedding table");
 }
+
+TEST_CASE("inference: attention::forward_cached one token at a time and swiglu_mlp's packed forward equal the training forward") {
+  // Oracle: the training layers' forward over the whole causal sequence (ops::attention_forward);
+  // forward_cached sees the tokens one by one, each at its position, and attends over keys and
+  // values the test keeps itself, with a naive softmax in double.
+  const index_t s = 9, dim = 16, hidden = 24;
+  for (auto rope : {ops::rope_style::interleaved, ops::rope_style::half_split}) {
+    CAPTURE(static_cast<int>(rope));
+    nn::param_layout L;
+    const nn::attention<float> att(L, "attn", {dim, 4, 2, s, 10000.0, rope, {}, false});
+    const nn::swiglu_mlp<float> mlp(L, "ff", dim, hidden);
+    std::vector<float> p(L.size()), x(s * dim);
+    const vec pd = random_vector(p.size(), 41), xd = random_vector(x.size(), 42);
+    std::copy(pd.begin(), pd.end(), p.begin());
+    std::copy(xd.begin(), xd.end(), x.begin());
+    const std::span<float> params(p);
+    nn::workspace<float> ws;
+    auto acts = att.make_activations(1, s);
+    std::vector<float> want(s * dim), got(s * dim);
+    att.forward(params, make_view(static_cast<const float*>(x.data()), 1, s, dim), acts, make_view(want.data(), 1, s, dim), ws);
+
+    const auto packed = att.pack(params);
+    const index_t hd = dim / 4, kvd = 2 * hd;
+    std::vector<float> keys, values;  // [tokens so far, kv_heads * head_dim]
+    comm::self_comm self;
+    for (index_t t = 0; t < s; ++t) {
+      const std::int64_t pos[1] = {t};
+      auto attend = [&](auto q, auto k, auto v, auto out) {
+        keys.insert(keys.end(), k.data(), k.data() + kvd);
+        values.insert(values.end(), v.data(), v.data() + kvd);
+        for (index_t h = 0; h < 4; ++h) {
+          const index_t g = h / 2;
+          std::vector<double> sc(static_cast<std::size_t>(t + 1));
+          double mx = -1e300, sum = 0;
+          for (index_t j = 0; j <= t; ++j) {
+            double d = 0;
+            for (index_t i = 0; i < hd; ++i) d += double(q(0, h, i)) * keys[j * kvd + g * hd + i];
+            sc[j] = d / std::sqrt(double(hd)), mx = std::max(mx, sc[j]);
+          }
+          for (auto& e : sc) sum += (e = std::exp(e - mx));
+          for (index_t i = 0; i < hd; ++i) {
+            double o = 0;
+            for (index_t j = 0; j <= t; ++j) o += sc[j] / sum * values[j * kvd + g * hd + i];
+            out(0, h, i) = float(o);
+          }
+        }
+      };
+      ws.reset();
+      att.forward_cached(self, packed, make_view(static_cast<const float*>(x.data()) + t * dim, 1, dim), pos, attend,
+                         make_view(got.data() + t * dim, 1, dim), ws);
+    }
+    for (index_t i = 0; i < s * dim; ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-4));
+
+    auto macts = mlp.make_activations(s);
+    mlp.forward(params, make_view(static_cast<const float*>(x.data()), s, dim), macts, make_view(want.data(), s, dim), ws);
+    ws.reset();
+    mlp.forward(self, mlp.pack(params), make_view(static_cast<const float*>(x.data()), s, dim), make_view(got.data(), s, dim), ws);
+    for (index_t i = 0; i < s * dim; ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+  }
+  nn::param_layout L;
+  const nn::attention<float> att(L, "attn", {8, 2, 2, 4, 10000.0, ops::rope_style::interleaved, {}, false});
+  std::vector<float> p(L.size()), x(8 * 3), y(8);
+  nn::workspace<float> ws;
+  comm::self_comm self;
+  const std::int64_t pos[1] = {0};
+  CHECK_THROWS_AS(att.forward_cached(self, att.pack(std::span<const float>(p)), make_view(static_cast<const float*>(x.data()), 1, 24),
+                                     pos, [](auto...) {}, make_view(y.data(), 1, 8), ws),
+                  loom::error);  // 24 features, the layer takes 8
+  nn::param_layout Lb;
+  const nn::attention<float> biased(Lb, "attn", {8, 2, 2, 4, 10000.0, ops::rope_style::interleaved, {}, true});
+  std::vector<float> pb(Lb.size());
+  CHECK_THROWS_WITH_AS(biased.pack(std::span<const float>(pb)), doctest::Contains("bias=true"), loom::error);
+}

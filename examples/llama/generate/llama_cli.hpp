@@ -32,8 +32,8 @@ struct model_args {
     LOOM_CHECK(random != !checkpoint.empty(), "give exactly one of --checkpoint PATH and --random");
   }
   /// The checkpoint's weights, or random weights of `random_config`.
-  llama_weights load(const llama_config& random_config) const {
-    return random ? llama_weights::random(random_config, 1) : load_checkpoint(checkpoint);
+  flat_weights load(const config& random_config) const {
+    return random ? flat_weights::random(random_config, 1) : load_checkpoint(checkpoint);
   }
 };
 

@@ -9,33 +9,36 @@
 // normalised, projected to logits and sampled. All activation buffers are sized once, for the
 // scheduler's token budget: the step loop allocates nothing but the scheduler's small vectors.
 //
-// Kernels: the training model's host kernels (ops::rmsnorm_forward, ops::rope_forward with
-// per-token positions, ops::swiglu_forward, ops::add, ops::embedding_forward) and its GEMM
-// kernel, with every weight packed once when the engine is made (ops::packed_weight): the
-// same bits as the training GEMMs, no per-step copy of the weights, and each row's result the
-// same whatever the batch it is computed in (loom's sgemm kernels; on the BLAS path of CPUs
-// without AVX2 only within rounding), so paged, batched and one-token runs agree bit for bit.
+// Layers: the decoder's own (llama3d::stage_layers at tp = 1, one pipeline stage, built from
+// the one llama::config over the one flat parameter buffer the loaders fill): the embedding,
+// RMSNorms, nn::attention::forward_cached (q/k/v projections, rotary at each token's
+// position, output projection) with the paged-KV append and attention in place of the
+// training attention, nn::swiglu_mlp's forward without kept activations, and the output
+// projection. The GEMMs read weights packed once when the engine is made (the layers' pack()):
+// the same bits as the training GEMMs, no per-step copy of the weights, and each row's result
+// the same whatever the batch it is computed in (loom's sgemm kernels; on the BLAS path of
+// CPUs without AVX2 only within rounding), so paged, batched and one-token runs agree bit for
+// bit.
 //
 // The engine is single-threaded; llama-serve drives it from one thread and feeds it requests
 // from many.
 
-#include "llama_infer_model.hpp"
+#include "llama_loader.hpp"
 
+#include <llama/model3d/llama3d.hpp>
+
+#include <loom/comm/self_comm.hpp>
 #include <loom/kv/block_allocator.hpp>
-#include <loom/ops/host/activation.hpp>
-#include <loom/ops/host/embedding.hpp>
-#include <loom/ops/host/fill.hpp>
-#include <loom/ops/host/norm.hpp>
-#include <loom/ops/host/packed_weight.hpp>
-#include <loom/ops/host/rope.hpp>
 #include <loom/kv/paged_attention.hpp>
 #include <loom/kv/paged_kv_cache.hpp>
 #include <loom/kv/sampler.hpp>
 #include <loom/kv/scheduler.hpp>
+#include <loom/nn/workspace.hpp>
+#include <loom/ops/host/common.hpp>
+#include <loom/ops/host/packed_weight.hpp>
 
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <span>
 #include <vector>
 
@@ -44,48 +47,43 @@ namespace llama {
 struct engine_config {
   std::int32_t num_blocks = 256;  ///< KV pool size in blocks (all layers)
   std::int32_t block_size = 16;
-  loom::kv::scheduler_config scheduler;  ///< max_model_len is capped at the model's max_seq_len
+  loom::kv::scheduler_config scheduler;  ///< max_model_len is capped at the model's seq_len
 };
 
 template <loom::kv::kv_element KV = float>
 class llama_engine {
  public:
-  llama_engine(const llama_weights& w, engine_config cfg)
+  /// w must outlive the engine (its norms and embedding are read from it on every step).
+  llama_engine(const flat_weights& w, engine_config cfg)
       : w_(&w),
-        cfg_(clamp(cfg, w.config)),
+        cfg_(clamp(cfg, w.cfg)),
+        layers_(w.cfg, {}, llama3d::split_layers(w.cfg.n_layers, 1, 0), true, true),
         alloc_(cfg_.num_blocks, cfg_.block_size),
-        cache_(loom::kv::kv_cache_shape{w.config.n_layers, cfg_.num_blocks, cfg_.block_size, w.config.n_kv_heads,
-                                        w.config.head_dim()}),
-        sched_(cfg_.scheduler, alloc_),
-        rope_(w.config.max_seq_len, w.config.head_dim(), w.config.rope_theta) {
-    const auto& c = w.config;
-    auto pack = [](const loom::buffer<float>& m, std::int64_t rows, std::int64_t cols) {
-      return loom::ops::packed_weight(loom::make_view(m.data(), rows, cols));
-    };
-    for (const layer_weights& L : w.layers)
-      packed_.push_back({pack(L.wq, c.dim, c.dim), pack(L.wk, c.kv_dim(), c.dim), pack(L.wv, c.kv_dim(), c.dim),
-                         pack(L.wo, c.dim, c.dim), pack(L.w1, c.hidden_dim, c.dim), pack(L.w2, c.dim, c.hidden_dim),
-                         pack(L.w3, c.hidden_dim, c.dim)});
-    classifier_ = loom::ops::packed_weight(loom::make_view(w.classifier(), c.vocab_size, c.dim));
+        cache_(loom::kv::kv_cache_shape{static_cast<std::int32_t>(w.cfg.n_layers), cfg_.num_blocks, cfg_.block_size,
+                                        static_cast<std::int32_t>(w.cfg.n_kv_heads),
+                                        static_cast<std::int32_t>(w.cfg.head_dim())}),
+        sched_(cfg_.scheduler, alloc_) {
+    const llama::config& c = w.cfg;
+    LOOM_CHECK(w.params.size() == layers_.layout.size(), "llama_engine: the weights hold ", w.params.size(),
+               " parameters, the layout of their config ", layers_.layout.size());
+    for (std::size_t l = 0; l < layers_.blocks.size(); ++l) {
+      const auto& b = layers_.blocks[l];
+      const auto p = unit(layers_.first_block_unit + l);
+      packed_.push_back({b.attention.pack(p), b.feed_forward.pack(p)});
+    }
+    classifier_ = loom::ops::packed_weight(layers_.output.local().weight().in(unit(layers_.output_unit)));
     const auto T = static_cast<std::size_t>(cfg_.scheduler.max_num_batched_tokens);
     const auto S = static_cast<std::size_t>(cfg_.scheduler.max_num_seqs);
-    x_ = loom::buffer<float>(T * c.dim);
-    xb_ = loom::buffer<float>(T * c.dim);
-    q_ = loom::buffer<float>(T * c.dim);
-    k_ = loom::buffer<float>(T * c.kv_dim());
-    v_ = loom::buffer<float>(T * c.kv_dim());
-    att_ = loom::buffer<float>(T * c.dim);
-    h1_ = loom::buffer<float>(T * c.hidden_dim);
-    h3_ = loom::buffer<float>(T * c.hidden_dim);
-    hs_ = loom::buffer<float>(T * c.hidden_dim);
+    const auto D = static_cast<std::size_t>(c.dim), V = static_cast<std::size_t>(c.vocab);
+    x_ = loom::buffer<float>(T * D);
+    xb_ = loom::buffer<float>(T * D);
     rstd_ = loom::buffer<float>(T);
-    last_ = loom::buffer<float>(S * c.dim);
-    lastn_ = loom::buffer<float>(S * c.dim);
-    logits_ = loom::buffer<float>(S * c.vocab_size);
-    raw_logits_ = loom::buffer<float>(S * c.vocab_size);
+    last_ = loom::buffer<float>(S * D);
+    logits_ = loom::buffer<float>(S * V);
+    raw_logits_ = loom::buffer<float>(S * V);
   }
 
-  const llama_config& model_config() const noexcept { return w_->config; }
+  const llama::config& model_config() const noexcept { return w_->cfg; }
   const engine_config& config() const noexcept { return cfg_; }
   loom::kv::scheduler& scheduler() noexcept { return sched_; }
   loom::kv::block_allocator& allocator() noexcept { return alloc_; }
@@ -96,15 +94,15 @@ class llama_engine {
   std::span<const float> last_logits(std::size_t i) const {
     LOOM_CHECK(i < sampled_.size(), "llama_engine::last_logits: index ", i, " but the last step sampled ",
                sampled_.size(), " sequences");
-    return {raw_logits_.data() + i * static_cast<std::size_t>(w_->config.vocab_size),
-            static_cast<std::size_t>(w_->config.vocab_size)};
+    const auto V = static_cast<std::size_t>(w_->cfg.vocab);
+    return {raw_logits_.data() + i * V, V};
   }
 
   /// Queues a request (token ids are checked against the vocabulary).
   void add(loom::kv::request r) {
     for (auto t : r.prompt)
-      LOOM_CHECK(t >= 0 && t < w_->config.vocab_size, "llama_engine::add: request ", r.id, " has token id ", t,
-                 " outside the vocabulary of ", w_->config.vocab_size);
+      LOOM_CHECK(t >= 0 && t < w_->cfg.vocab, "llama_engine::add: request ", r.id, " has token id ", t,
+                 " outside the vocabulary of ", w_->cfg.vocab);
     sched_.add(std::move(r));
   }
   void cancel(std::uint64_t id) { sched_.cancel(id); }
@@ -118,9 +116,8 @@ class llama_engine {
     for (auto c : plan.copies) cache_.copy_block(c.src, c.dst);
     sampled_.clear();
     if (plan.num_tokens() > 0) {
-      forward(plan);
-      const auto V = w_->config.vocab_size;
-      std::copy(logits_.begin(), logits_.end(), raw_logits_.begin());
+      const std::int64_t rows = forward(plan), V = w_->cfg.vocab;
+      std::copy_n(logits_.data(), rows * V, raw_logits_.data());
       std::int64_t row = 0;
       for (const auto& c : plan.chunks) {
         if (!c.samples) continue;
@@ -145,88 +142,86 @@ class llama_engine {
   }
 
  private:
-  static engine_config clamp(engine_config cfg, const llama_config& c) {
+  static engine_config clamp(engine_config cfg, const llama::config& c) {
     c.validate();
-    if (cfg.scheduler.max_model_len > c.max_seq_len) cfg.scheduler.max_model_len = c.max_seq_len;
+    if (cfg.scheduler.max_model_len > c.seq_len) cfg.scheduler.max_model_len = static_cast<std::int32_t>(c.seq_len);
     if (cfg.scheduler.max_num_seqs > cfg.scheduler.max_num_batched_tokens)
       cfg.scheduler.max_num_seqs = cfg.scheduler.max_num_batched_tokens;
     return cfg;
   }
+  std::span<const float> unit(std::size_t u) const { return layers_.layout.unit(w_->params.span(), u); }
 
-  void forward(const loom::kv::step_plan& plan) {
+  /// The plan's tokens through the layers; the logits of the sampled rows into logits_.
+  /// Returns how many rows were sampled.
+  std::int64_t forward(const loom::kv::step_plan& plan) {
     using loom::host;
     using loom::index_t;
     using loom::make_view;
     namespace ops = loom::ops;
-    const llama_config& c = w_->config;
-    const index_t T = plan.num_tokens(), D = c.dim, KD = c.kv_dim(), H = c.hidden_dim, hd = c.head_dim();
-    const auto style = c.rope_interleaved ? ops::rope_style::interleaved : ops::rope_style::half_split;
+    const index_t T = plan.num_tokens(), D = w_->cfg.dim;
     const std::span<const std::int64_t> positions(plan.positions.data(), static_cast<std::size_t>(T));
-    const auto cv = [](const loom::buffer<float>& b, index_t rows, index_t cols) {
-      return make_view(static_cast<const float*>(b.data()), rows, cols);
-    };
     auto x = make_view(x_.data(), T, D), xb = make_view(xb_.data(), T, D);
+    const auto cx = make_view(static_cast<const float*>(x_.data()), T, D);
+    const auto cxb = make_view(static_cast<const float*>(xb_.data()), T, D);
     auto rstd = make_view(rstd_.data(), T);
-    ops::embedding_forward(host{}, make_view(plan.token_ids.data(), T), cv(w_->tok_embeddings, c.vocab_size, D), x);
-    for (std::int32_t l = 0; l < c.n_layers; ++l) {
-      const layer_weights& L = w_->layers[static_cast<std::size_t>(l)];
-      const packed_layer& P = packed_[static_cast<std::size_t>(l)];
-      ops::rmsnorm_forward(host{}, cv(x_, T, D), make_view(L.attn_norm.data(), D), xb, rstd, c.norm_eps);
-      ops::gemm(host{}, cv(xb_, T, D), P.wq, make_view(q_.data(), T, D));
-      ops::gemm(host{}, cv(xb_, T, D), P.wk, make_view(k_.data(), T, KD));
-      ops::gemm(host{}, cv(xb_, T, D), P.wv, make_view(v_.data(), T, KD));
-      ops::rope_forward(host{}, make_view(q_.data(), T, c.n_heads, hd), rope_, style, positions);
-      ops::rope_forward(host{}, make_view(k_.data(), T, c.n_kv_heads, hd), rope_, style, positions);
-      auto layer = cache_.layer(l);
-      loom::kv::append_paged_kv_cache(host{}, make_view<host>(static_cast<const float*>(k_.data()), T, c.n_kv_heads, hd),
-                                      make_view<host>(static_cast<const float*>(v_.data()), T, c.n_kv_heads, hd),
-                                      plan.batch_indices, plan.positions, layer, plan.csr);
-      loom::kv::batch_prefill_with_paged_kv_cache(host{}, make_view<host>(static_cast<const float*>(q_.data()), T, c.n_heads, hd),
-                                                  plan.qo_indptr, layer, plan.csr, make_view<host>(att_.data(), T, c.n_heads, hd));
-      ops::gemm(host{}, cv(att_, T, D), P.wo, xb);
-      ops::add(host{}, make_view(x_.data(), T * D), make_view(static_cast<const float*>(xb_.data()), T * D));
-      ops::rmsnorm_forward(host{}, cv(x_, T, D), make_view(L.ffn_norm.data(), D), xb, rstd, c.norm_eps);
-      ops::gemm(host{}, cv(xb_, T, D), P.w1, make_view(h1_.data(), T, H));
-      ops::gemm(host{}, cv(xb_, T, D), P.w3, make_view(h3_.data(), T, H));
-      ops::swiglu_forward(host{}, make_view(static_cast<const float*>(h1_.data()), T * H),
-                          make_view(static_cast<const float*>(h3_.data()), T * H), make_view(hs_.data(), T * H));
-      ops::gemm(host{}, cv(hs_, T, H), P.w2, xb);
-      ops::add(host{}, make_view(x_.data(), T * D), make_view(static_cast<const float*>(xb_.data()), T * D));
+    layers_.tok_embeddings.forward(self_, unit(layers_.embedding_unit), make_view(plan.token_ids.data(), T), x);
+    for (std::size_t l = 0; l < layers_.blocks.size(); ++l) {
+      const auto& b = layers_.blocks[l];
+      const auto p = unit(layers_.first_block_unit + l);
+      auto layer = cache_.layer(static_cast<std::int32_t>(l));
+      // The attention over the paged pool: this step's keys and values appended, then each
+      // query row attends over its sequence so far (decode rows and prefill chunks alike).
+      auto paged = [&](auto q, auto k, auto v, auto out) {
+        loom::kv::append_paged_kv_cache(host{}, k, v, plan.batch_indices, plan.positions, layer, plan.csr);
+        loom::kv::batch_prefill_with_paged_kv_cache(host{}, q, plan.qo_indptr, layer, plan.csr, out);
+      };
+      ws_.reset();
+      b.attention_norm.forward(p, cx, xb, rstd);
+      b.attention.forward_cached(self_, packed_[l].attention, cxb, positions, paged, xb, ws_);
+      ops::add(host{}, make_view(x_.data(), T * D), make_view(cxb.data(), T * D));
+      ws_.reset();
+      b.ffn_norm.forward(p, cx, xb, rstd);
+      b.feed_forward.forward(self_, packed_[l].mlp, cxb, xb, ws_);
+      ops::add(host{}, make_view(x_.data(), T * D), make_view(cxb.data(), T * D));
     }
     // Logits only for the rows that are sampled: the last row of each finishing chunk.
     index_t rows = 0;
     for (std::size_t b = 0; b < plan.chunks.size(); ++b)
       if (plan.chunks[b].samples) {
         const index_t r = plan.qo_indptr[b + 1] - 1;
-        std::copy(x_.data() + r * D, x_.data() + (r + 1) * D, last_.data() + rows++ * D);
+        std::copy_n(x_.data() + r * D, D, last_.data() + rows++ * D);
       }
-    if (rows == 0) return;
-    ops::rmsnorm_forward(host{}, cv(last_, rows, D), make_view(w_->norm.data(), D), make_view(lastn_.data(), rows, D),
-                         make_view(rstd_.data(), rows), c.norm_eps);
-    ops::gemm(host{}, cv(lastn_, rows, D), classifier_, make_view(logits_.data(), rows, c.vocab_size));
+    if (rows == 0) return 0;
+    auto xf = make_view(xb_.data(), rows, D);
+    layers_.norm.forward(unit(layers_.head_unit), make_view(static_cast<const float*>(last_.data()), rows, D), xf,
+                         make_view(rstd_.data(), rows));
+    ops::gemm(host{}, make_view(static_cast<const float*>(xb_.data()), rows, D), classifier_,
+              make_view(logits_.data(), rows, w_->cfg.vocab));
+    return rows;
   }
 
-  struct packed_layer {
-    loom::ops::packed_weight wq, wk, wv, wo, w1, w2, w3;
+  struct packed_block {
+    loom::nn::attention<float>::packed attention;
+    loom::nn::swiglu_mlp<float>::packed mlp;
   };
 
-  const llama_weights* w_;
+  const flat_weights* w_;
   engine_config cfg_;
+  llama3d::stage_layers<float> layers_;  // the decoder's layers over w_->params (tp = 1, one stage)
+  loom::comm::self_comm self_;
   loom::kv::block_allocator alloc_;
   loom::kv::paged_kv_cache<KV> cache_;
   loom::kv::scheduler sched_;
-  loom::ops::rope_table<float> rope_;
-  std::vector<packed_layer> packed_;     // the weights, packed once for the GEMMs
+  std::vector<packed_block> packed_;  // the blocks' weights, packed once for the GEMMs
   loom::ops::packed_weight classifier_;
   loom::kv::sampler sampler_;
+  loom::nn::workspace<float> ws_;  // a layer's q, k, v, attention output / MLP hidden units
   // Activations for up to max_num_batched_tokens tokens:
-  loom::buffer<float> x_, xb_, q_, att_;  // [tokens, dim]
-  loom::buffer<float> k_, v_;             // [tokens, kv_dim]
-  loom::buffer<float> h1_, h3_, hs_;      // [tokens, hidden_dim]: gate, up, silu(gate) * up
-  loom::buffer<float> rstd_;              // [tokens]
-  loom::buffer<float> last_, lastn_;      // [seqs, dim]: the sampled rows, normalised
-  loom::buffer<float> logits_;            // [seqs, vocab]
-  loom::buffer<float> raw_logits_;        // [seqs, vocab] before penalties and temperature
+  loom::buffer<float> x_, xb_;      // [tokens, dim]: residual stream, a branch's input / output
+  loom::buffer<float> rstd_;        // [tokens]
+  loom::buffer<float> last_;        // [seqs, dim]: the sampled rows
+  loom::buffer<float> logits_;      // [seqs, vocab]
+  loom::buffer<float> raw_logits_;  // [seqs, vocab] before penalties and temperature
   std::vector<loom::kv::token_id> sampled_;
   std::int64_t tokens_computed_ = 0, steps_ = 0;
 };

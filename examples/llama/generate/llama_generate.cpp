@@ -32,9 +32,10 @@ std::vector<loom::kv::token_id> parse_ids(const std::string& s) {
   return ids;
 }
 
-llama::llama_config random_config() {
-  llama::llama_config c;
-  c.shared_classifier = false;  // a random tied classifier only repeats its input
+llama::config random_config() {
+  llama::config c;
+  c.vocab = 256;
+  c.dim = 64, c.hidden_dim = 172, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 4;  // tied_output = false: a random tied classifier only repeats its input
   return c;
 }
 
@@ -68,13 +69,15 @@ int main(int argc, char** argv) {
   const auto check = [&] { model.validate(); };
   if (const auto rc = examples::cli::command_line(argc, argv, "llama-generate", usage, on, check)) return *rc;
   try {
-    const llama::llama_weights w = model.load(random_config());
+    const llama::flat_weights w = model.load(random_config());
     std::optional<loom::io::llama2c_tokenizer> tok;
-    if (!model.tokenizer.empty()) tok.emplace(model.tokenizer, w.config.vocab_size);
+    if (!model.tokenizer.empty()) tok.emplace(model.tokenizer, static_cast<std::int32_t>(w.cfg.vocab));
     if (prompts.empty()) prompts.push_back(tok ? "Once upon a time" : "1");
-    const auto& c = w.config;
-    std::printf("model: dim=%d hidden=%d layers=%d heads=%d kv_heads=%d vocab=%d max_seq_len=%d\n", c.dim, c.hidden_dim,
-                c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.max_seq_len);
+    const auto& c = w.cfg;
+    std::printf("model: dim=%lld hidden=%lld layers=%lld heads=%lld kv_heads=%lld vocab=%lld seq_len=%lld\n",
+                static_cast<long long>(c.dim), static_cast<long long>(c.hidden_dim), static_cast<long long>(c.n_layers),
+                static_cast<long long>(c.n_heads), static_cast<long long>(c.n_kv_heads), static_cast<long long>(c.vocab),
+                static_cast<long long>(c.seq_len));
     ec.scheduler.max_num_seqs = std::max<std::int32_t>(1, static_cast<std::int32_t>(prompts.size()));
     llama::llama_engine<float> eng(w, ec);
     std::vector<loom::kv::request> reqs;
@@ -82,7 +85,7 @@ int main(int argc, char** argv) {
       loom::kv::request r;
       r.id = i;
       r.prompt = tok ? tok->encode(prompts[i]) : parse_ids(prompts[i]);
-      r.max_new_tokens = std::min<int>(max_new, c.max_seq_len - static_cast<int>(r.prompt.size()));
+      r.max_new_tokens = std::min<int>(max_new, static_cast<int>(c.seq_len) - static_cast<int>(r.prompt.size()));
       r.sampling = sp;
       r.sampling.seed = sp.seed + i;
       if (tok) r.stop_tokens = {loom::io::llama2c_tokenizer::eos};

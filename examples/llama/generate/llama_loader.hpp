@@ -1,84 +1,113 @@
 #pragma once
-// Loading llama_weights from the checkpoint formats loom::io reads:
+// The decoder for inference as the checkpoint readers give it: the one llama::config and the
+// fp32 parameters in the single-rank model's flat layout (llama3d::full_layout, Meta's
+// names), filled tensor by tensor by name from the formats loom::io reads:
 //  - llama2.c (legacy or version 1): Meta names, adjacent-pair RoPE;
 //  - HF safetensors (one file or shards in a folder) + config.json: HF names, half-split RoPE
 //    (HF stores q/k rows permuted for it, so no un-permuting is needed);
 // and the tokenizer that comes with llama2.c models. `load_checkpoint` picks the format from
 // the path: a folder or *.safetensors file is HF, anything else llama2.c.
 
-#include "llama_infer_model.hpp"
+#include <llama/model/config.hpp>
+#include <llama/model3d/llama3d.hpp>
 
+#include <loom/core/buffer.hpp>
+#include <loom/core/random.hpp>
 #include <loom/io/llama2c.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/io/tensor_map.hpp>
 
 #include <algorithm>
-#include <cstring>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace llama {
 
+/// A model for the engine: its config and parameters, one flat buffer of full_layout(cfg).
+struct flat_weights {
+  config cfg;
+  loom::nn::param_layout layout;  // llama3d::full_layout(cfg)
+  loom::buffer<float> params;     // [layout.size()]
+
+  /// The tensor called `name` (Meta's names), for readers and tests.
+  std::span<const float> tensor(const std::string& name) const {
+    const auto& e = layout.find(name);
+    return params.span().subspan(e.offset, e.numel);
+  }
+
+  /// Every tensor of full_layout(c) from `source(name, shape)`, which names a missing or
+  /// misshapen tensor in a loom::error; padding stays zero.
+  static flat_weights fill(const config& c, const std::function<std::span<const float>(const loom::nn::param_info&)>& source) {
+    flat_weights w{c, llama3d::full_layout(c), {}};
+    w.params = loom::buffer<float>(w.layout.size());
+    std::fill(w.params.begin(), w.params.end(), 0.f);
+    for (const auto& e : w.layout.entries()) {
+      const auto t = source(e);
+      std::copy(t.begin(), t.end(), w.params.begin() + static_cast<std::ptrdiff_t>(e.offset));
+    }
+    return w;
+  }
+
+  /// Random weights (normal, scaled by 1/sqrt(fan-in), the embedding by 1; norms uniform in
+  /// [0.8, 1.2]) for tests and benchmarks: a model whose tokens depend on the context.
+  static flat_weights random(const config& c, std::uint64_t seed) {
+    const loom::counter_rng rng(seed);
+    loom::buffer<float> t;
+    return fill(c, [&](const loom::nn::param_info& e) {
+      t = loom::buffer<float>(e.numel);
+      if (e.name.ends_with("norm.weight")) rng.fill_uniform(t.span(), e.offset, 0.8f, 1.2f);
+      else rng.fill_normal(t.span(), e.offset, 0.f, e.name == "tok_embeddings.weight" ? 1.f : 1.f / std::sqrt(float(e.shape[1])));
+      return std::span<const float>(t.span());
+    });
+  }
+};
+
 namespace detail {
-inline void take(const loom::io::tensor_map& m, const std::string& name, std::vector<std::int64_t> shape,
-                 loom::buffer<float>& dst) {
-  const auto& t = loom::io::require_tensor(m, name, shape);
-  std::memcpy(dst.data(), t.data.data(), dst.size() * sizeof(float));
+/// HF's name of a Meta-named tensor of the layout.
+inline std::string hf_name(const std::string& meta) {
+  static const std::pair<const char*, const char*> layer[] = {
+      {"attention_norm.weight", "input_layernorm.weight"}, {"attention.wq.weight", "self_attn.q_proj.weight"},
+      {"attention.wk.weight", "self_attn.k_proj.weight"},  {"attention.wv.weight", "self_attn.v_proj.weight"},
+      {"attention.wo.weight", "self_attn.o_proj.weight"},  {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},   {"feed_forward.w2.weight", "mlp.down_proj.weight"},
+      {"feed_forward.w3.weight", "mlp.up_proj.weight"}};
+  if (meta == "tok_embeddings.weight") return "model.embed_tokens.weight";
+  if (meta == "norm.weight") return "model.norm.weight";
+  if (meta == "output.weight") return "lm_head.weight";
+  const auto dot = meta.find('.', 7);  // "layers.<l>.<rest>"
+  for (auto [m, h] : layer)
+    if (meta.compare(dot + 1, std::string::npos, m) == 0) return "model." + meta.substr(0, dot + 1) + h;
+  LOOM_THROW("llama loader: no HF name for parameter '", meta, "'");
 }
 
-// Tensor names of one checkpoint family; layer names follow "<layer_prefix><l>.".
-struct name_scheme {
-  const char *embed, *norm, *output, *layer_prefix;
-  const char *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
-};
-inline constexpr name_scheme meta_names{"tok_embeddings.weight", "norm.weight", "output.weight", "layers.",
-                                        "attention_norm.weight", "attention.wq.weight", "attention.wk.weight",
-                                        "attention.wv.weight", "attention.wo.weight", "ffn_norm.weight",
-                                        "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight"};
-inline constexpr name_scheme hf_names{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
-                                      "model.layers.", "input_layernorm.weight", "self_attn.q_proj.weight",
-                                      "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                                      "post_attention_layernorm.weight", "mlp.gate_proj.weight",
-                                      "mlp.down_proj.weight", "mlp.up_proj.weight"};
-
-inline llama_weights from_tensors(const llama_config& c, const loom::io::tensor_map& m, const name_scheme& n) {
-  llama_weights w = llama_weights::allocate(c);
-  const std::int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KD = c.kv_dim();
-  take(m, n.embed, {V, D}, w.tok_embeddings);
-  for (int l = 0; l < c.n_layers; ++l) {
-    const std::string p = n.layer_prefix + std::to_string(l) + ".";
-    auto& L = w.layers[static_cast<std::size_t>(l)];
-    take(m, p + n.attn_norm, {D}, L.attn_norm);
-    take(m, p + n.wq, {D, D}, L.wq);
-    take(m, p + n.wk, {KD, D}, L.wk);
-    take(m, p + n.wv, {KD, D}, L.wv);
-    take(m, p + n.wo, {D, D}, L.wo);
-    take(m, p + n.ffn_norm, {D}, L.ffn_norm);
-    take(m, p + n.w1, {H, D}, L.w1);
-    take(m, p + n.w2, {D, H}, L.w2);
-    take(m, p + n.w3, {H, D}, L.w3);
-  }
-  take(m, n.norm, {D}, w.norm);
-  if (!c.shared_classifier) take(m, n.output, {V, D}, w.output);
-  return w;
+/// The parameters of config c from named tensors (`rename`: a layout name -> the checkpoint's).
+inline flat_weights from_tensors(const config& c, const loom::io::tensor_map& m,
+                                 std::string (*rename)(const std::string&) = nullptr) {
+  return flat_weights::fill(c, [&](const loom::nn::param_info& e) {
+    const auto& t = loom::io::require_tensor(m, rename ? rename(e.name) : e.name,
+                                             std::vector<std::int64_t>(e.shape.begin(), e.shape.end()));
+    return std::span<const float>(t.data.data(), e.numel);
+  });
 }
 }  // namespace detail
 
 /// llama2.c checkpoint -> weights.
-inline llama_weights load_llama2c(const std::string& path) {
+inline flat_weights load_llama2c(const std::string& path) {
   auto ck = loom::io::read_llama2c(path);
   const auto& k = ck.config;
-  llama_config c;
+  config c;
   c.dim = k.dim, c.hidden_dim = k.hidden_dim, c.n_layers = k.n_layers, c.n_heads = k.n_heads;
-  c.n_kv_heads = k.n_kv_heads, c.vocab_size = k.vocab_size, c.max_seq_len = k.seq_len;
-  c.norm_eps = 1e-5f, c.rope_interleaved = true, c.shared_classifier = k.shared_classifier;
-  return detail::from_tensors(c, ck.tensors, detail::meta_names);
+  c.n_kv_heads = k.n_kv_heads, c.vocab = k.vocab_size, c.seq_len = k.seq_len;
+  c.norm_eps = 1e-5, c.rope = loom::ops::rope_style::interleaved, c.tied_output = k.shared_classifier;
+  return detail::from_tensors(c, ck.tensors);
 }
 
 /// HF LLaMA: `path` is a folder with config.json and *.safetensors, or one .safetensors file
 /// with config.json next to it.
-inline llama_weights load_hf_safetensors(const std::string& path) {
+inline flat_weights load_hf_safetensors(const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path p(path);
   const fs::path dir = fs::is_directory(p) ? p : p.parent_path();
@@ -94,16 +123,16 @@ inline llama_weights load_hf_safetensors(const std::string& path) {
   const auto hc = loom::io::read_hf_llama_config((dir / "config.json").string());
   loom::io::tensor_map m;
   for (auto& f : files) m.merge(loom::io::read_safetensors(f.string()));
-  llama_config c;
+  config c;
   c.dim = hc.hidden_size, c.hidden_dim = hc.intermediate_size, c.n_layers = hc.num_hidden_layers;
-  c.n_heads = hc.num_attention_heads, c.n_kv_heads = hc.num_key_value_heads, c.vocab_size = hc.vocab_size;
-  c.max_seq_len = hc.max_position_embeddings, c.norm_eps = hc.rms_norm_eps, c.rope_theta = hc.rope_theta;
-  c.rope_interleaved = false;
-  c.shared_classifier = hc.tie_word_embeddings || !m.contains("lm_head.weight");
-  return detail::from_tensors(c, m, detail::hf_names);
+  c.n_heads = hc.num_attention_heads, c.n_kv_heads = hc.num_key_value_heads, c.vocab = hc.vocab_size;
+  c.seq_len = hc.max_position_embeddings, c.norm_eps = hc.rms_norm_eps, c.rope_theta = hc.rope_theta;
+  c.rope = loom::ops::rope_style::half_split;
+  c.tied_output = hc.tie_word_embeddings || !m.contains("lm_head.weight");
+  return detail::from_tensors(c, m, detail::hf_name);
 }
 
-inline llama_weights load_checkpoint(const std::string& path) {
+inline flat_weights load_checkpoint(const std::string& path) {
   namespace fs = std::filesystem;
   LOOM_CHECK(fs::exists(path), "checkpoint '", path, "' does not exist");
   if (fs::is_directory(path) || fs::path(path).extension() == ".safetensors") return load_hf_safetensors(path);

@@ -74,12 +74,12 @@ int main(int argc, char** argv) {
   };
   if (const auto rc = examples::cli::command_line(argc, argv, "llama-serve", usage, on, check)) return *rc;
   try {
-    llama::llama_config rc;
-    rc.vocab_size = 259;  // byte-level ids for --random
-    rc.shared_classifier = false;
-    const llama::llama_weights w = model.load(rc);
+    llama::config rc;
+    rc.dim = 64, rc.hidden_dim = 172, rc.n_layers = 2, rc.n_heads = 4, rc.n_kv_heads = 4, rc.seq_len = 256;
+    rc.vocab = 259;  // byte-level ids for --random (untied: a random tied classifier only repeats its input)
+    const llama::flat_weights w = model.load(rc);
     std::optional<loom::io::llama2c_tokenizer> tok;
-    if (!model.tokenizer.empty()) tok.emplace(model.tokenizer, w.config.vocab_size);
+    if (!model.tokenizer.empty()) tok.emplace(model.tokenizer, static_cast<std::int32_t>(w.cfg.vocab));
     // Signals go to the main thread only, which waits for them and stops the server.
     sigset_t set;
     sigemptyset(&set);
@@ -89,7 +89,8 @@ int main(int argc, char** argv) {
     llama::llama_server server(w, ec, tok ? llama::text_codec(&*tok) : llama::text_codec(), opt);
     const int p = server.start(host, port);
     std::printf("llama-serve: listening on http://%s:%d (model dim=%d layers=%d vocab=%d, KV pool %d blocks of %d)\n",
-                host.c_str(), p, w.config.dim, w.config.n_layers, w.config.vocab_size, ec.num_blocks, ec.block_size);
+                host.c_str(), p, static_cast<int>(w.cfg.dim), static_cast<int>(w.cfg.n_layers), static_cast<int>(w.cfg.vocab),
+                ec.num_blocks, ec.block_size);
     std::fflush(stdout);
     int sig = 0;
     sigwait(&set, &sig);

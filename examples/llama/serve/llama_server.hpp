@@ -131,7 +131,7 @@ inline std::string client_message(std::string msg, std::size_t limit = 1024) {
 
 class llama_server {
  public:
-  llama_server(const llama_weights& w, engine_config ec, text_codec codec, server_options opt = {})
+  llama_server(const flat_weights& w, engine_config ec, text_codec codec, server_options opt = {})
       : engine_(w, ec), codec_(codec), opt_(std::move(opt)), http_(opt_.http) {
     LOOM_CHECK(opt_.max_in_flight > 0, "llama_server: max_in_flight must be > 0, got ", opt_.max_in_flight);
     LOOM_CHECK(opt_.max_tokens_limit > 0, "llama_server: max_tokens_limit must be > 0, got ", opt_.max_tokens_limit);

@@ -10,15 +10,16 @@
 // (kv/cuda/*.cuh) slots in under the same names. Queries are the last q_len tokens of their
 // sequence: query i of a sequence with kv_len keys sits at position kv_len - q_len + i and
 // sees keys 0..that position. Softmax is computed online (running max and sum, one pass over
-// the keys, float accumulation) so that nothing is allocated per call; the same row routine
-// serves the contiguous-KV reference of the tests (attend_row), which therefore agrees with
-// the paged kernel bit for bit.
+// the keys, float accumulation) so that nothing is allocated per call; the same dot product
+// and softmax step serve the contiguous-KV reference of the tests (attend_row), which
+// therefore agrees with the paged kernel bit for bit.
 
 #include <loom/core/device.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/tensor_view.hpp>
 #include <loom/kv/block_table.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -30,6 +31,35 @@
 
 namespace loom::kv {
 
+namespace detail {
+/// q . k over head_dim elements in one fixed order: eight running partial sums (independent,
+/// so they fill vector lanes without reassociation), then a fixed pairwise sum. The paged
+/// kernels and attend_row share it and the softmax step below, so they agree bit for bit.
+template <class K>
+inline float dot(const float* q, const K* k, std::int32_t head_dim) {
+  float part[8] = {};
+  std::int32_t d = 0;
+  for (; d + 8 <= head_dim; d += 8)
+    for (int i = 0; i < 8; ++i) part[i] += q[d + i] * static_cast<float>(k[d + i]);
+  for (; d < head_dim; ++d) part[0] += q[d] * static_cast<float>(k[d]);
+  return ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+}
+
+/// One key of online softmax: score s (scaled), running max m and sum l, acc += p v.
+template <class V>
+inline void softmax_step(float s, const V* v, std::int32_t head_dim, float& m, float& l, float* acc) {
+  if (s > m) {  // rescale what was accumulated under the old max
+    const float c = std::exp(m - s);
+    l *= c;
+    for (std::int32_t d = 0; d < head_dim; ++d) acc[d] *= c;
+    m = s;
+  }
+  const float p = std::exp(s - m);
+  l += p;
+  for (std::int32_t d = 0; d < head_dim; ++d) acc[d] += p * static_cast<float>(v[d]);
+}
+}  // namespace detail
+
 /// One query head attends over n keys: out[d] = sum_j softmax(scale * q.k_j)_j v_j[d].
 /// key(j) / value(j) return pointers to head_dim elements (any element type convertible to
 /// float). `acc` is scratch of head_dim floats.
@@ -38,22 +68,7 @@ inline void attend_row(const float* q, std::int64_t n, std::int32_t head_dim, fl
                        ValueAt&& value, float* acc, float* out) {
   float m = -std::numeric_limits<float>::infinity(), l = 0.f;
   for (std::int32_t d = 0; d < head_dim; ++d) acc[d] = 0.f;
-  for (std::int64_t j = 0; j < n; ++j) {
-    const auto* k = key(j);
-    float s = 0.f;
-    for (std::int32_t d = 0; d < head_dim; ++d) s += q[d] * static_cast<float>(k[d]);
-    s *= scale;
-    const auto* v = value(j);
-    if (s > m) {  // rescale what was accumulated under the old max
-      const float c = std::exp(m - s);
-      l *= c;
-      for (std::int32_t d = 0; d < head_dim; ++d) acc[d] *= c;
-      m = s;
-    }
-    const float p = std::exp(s - m);
-    l += p;
-    for (std::int32_t d = 0; d < head_dim; ++d) acc[d] += p * static_cast<float>(v[d]);
-  }
+  for (std::int64_t j = 0; j < n; ++j) detail::softmax_step(detail::dot(q, key(j), head_dim) * scale, value(j), head_dim, m, l, acc);
   const float inv = n > 0 ? 1.f / l : 0.f;
   for (std::int32_t d = 0; d < head_dim; ++d) out[d] = acc[d] * inv;
 }
@@ -86,23 +101,49 @@ void check_attention_shapes(const char* fn, const tensor_view<const T, host, 5>&
 }
 
 // Queries rows [row0, row0 + q_len) of sequence b attend over its paged keys and values.
+// Keys are the outer loop and a group of heads the inner one, so each token's keys and values
+// (all heads, one contiguous row) are read once per group, front to back, as they lie in the
+// block; per head the arithmetic is attend_row's, step for step. `scratch`: scratch_floats.
+inline constexpr std::int64_t scratch_floats = 2048;  // head_dim <= 1024: at least one head per pass
 template <class T>
 void attend_sequence(const tensor_view<const float, host, 3>& q, const tensor_view<const T, host, 5>& cache,
                      const paged_kv_csr& csr, std::int32_t b, std::int64_t row0, std::int64_t q_len, bool causal,
-                     float scale, float* acc, const tensor_view<float, host, 3>& out) {
-  const std::int64_t nh = q.extent(1), dim = q.extent(2), group = nh / cache.extent(3), kv_len = csr.kv_len(b);
+                     float scale, float* scratch, const tensor_view<float, host, 3>& out) {
+  const std::int64_t nh = q.extent(1), group = nh / cache.extent(3), kv_len = csr.kv_len(b);
+  const auto dim = static_cast<std::int32_t>(q.extent(2));
   const std::int32_t bs = csr.block_size;
   LOOM_CHECK(q_len >= 0 && q_len <= kv_len, "paged attention: sequence ", b, " has q_len=", q_len,
              " above kv_len=", kv_len);
   const std::int32_t* pages = csr.indices.data() + csr.indptr[b];
+  const std::int64_t block_stride = cache.stride(0), token_stride = cache.stride(2), kv_half = cache.stride(1);
+  const std::int64_t kv_head_stride = cache.stride(3);
+  // heads per pass: their accumulators fit the scratch, with a running max and sum each
+  const std::int64_t per_pass = scratch_floats / (dim + 2);
+  float* acc = scratch;
   for (std::int64_t i = 0; i < q_len; ++i) {
     const std::int64_t row = row0 + i;
     const std::int64_t n = causal ? kv_len - q_len + i + 1 : kv_len;
-    for (std::int64_t h = 0; h < nh; ++h) {
-      const std::int64_t hk = h / group;
-      auto key = [&](std::int64_t j) { return &cache(pages[j / bs], 0, j % bs, hk, 0); };
-      auto value = [&](std::int64_t j) { return &cache(pages[j / bs], 1, j % bs, hk, 0); };
-      attend_row(&q(row, h, 0), n, static_cast<std::int32_t>(dim), scale, key, value, acc, &out(row, h, 0));
+    for (std::int64_t h0 = 0; h0 < nh; h0 += per_pass) {
+      const std::int64_t hn = std::min(per_pass, nh - h0);
+      float* m = acc + hn * dim;
+      float* l = m + hn;
+      for (std::int64_t h = 0; h < hn; ++h) m[h] = -std::numeric_limits<float>::infinity(), l[h] = 0.f;
+      for (std::int64_t d = 0; d < hn * dim; ++d) acc[d] = 0.f;
+      for (std::int64_t j = 0; j < n; ++j) {
+        // token j: slot j % bs of block pages[j / bs] (a sequence holds fewer than 2^31 tokens)
+        const auto t = static_cast<std::int32_t>(j);
+        const T* keys = cache.data() + pages[t / bs] * block_stride + (t % bs) * token_stride;
+        for (std::int64_t h = 0; h < hn; ++h) {
+          const T* k = keys + ((h0 + h) / group) * kv_head_stride;
+          detail::softmax_step(detail::dot(&q(row, h0 + h, 0), k, dim) * scale, k + kv_half, dim, m[h], l[h],
+                               acc + h * dim);
+        }
+      }
+      for (std::int64_t h = 0; h < hn; ++h) {
+        const float inv = n > 0 ? 1.f / l[h] : 0.f;
+        float* o = &out(row, h0 + h, 0);
+        for (std::int32_t d = 0; d < dim; ++d) o[d] = acc[h * dim + d] * inv;
+      }
     }
   }
 }
@@ -161,9 +202,9 @@ void batch_prefill_with_paged_kv_cache(host, tensor_view<const float, host, 3> q
              " query tokens");
   LOOM_CHECK(q.stride(2) == 1 && out.stride(2) == 1, "paged attention: head_dim of q and out must be contiguous");
   const float scale = params.sm_scale > 0.f ? params.sm_scale : 1.f / std::sqrt(static_cast<float>(dim));
-  float acc[1024];
+  float scratch[detail::scratch_floats];
   for (std::int32_t b = 0; b < csr.batch(); ++b)
-    detail::attend_sequence(q, cache, csr, b, qo_indptr[b], qo_indptr[b + 1] - qo_indptr[b], params.causal, scale, acc,
+    detail::attend_sequence(q, cache, csr, b, qo_indptr[b], qo_indptr[b + 1] - qo_indptr[b], params.causal, scale, scratch,
                             out);
 }
 
@@ -182,8 +223,8 @@ void batch_decode_with_paged_kv_cache(host, tensor_view<const float, host, 3> q,
              " differs from q shape ", detail::shape_str(q.shape()));
   LOOM_CHECK(q.stride(2) == 1 && out.stride(2) == 1, "paged attention: head_dim of q and out must be contiguous");
   const float scale = params.sm_scale > 0.f ? params.sm_scale : 1.f / std::sqrt(static_cast<float>(dim));
-  float acc[1024];
-  for (std::int32_t b = 0; b < csr.batch(); ++b) detail::attend_sequence(q, cache, csr, b, b, 1, true, scale, acc, out);
+  float scratch[detail::scratch_floats];
+  for (std::int32_t b = 0; b < csr.batch(); ++b) detail::attend_sequence(q, cache, csr, b, b, 1, true, scale, scratch, out);
 }
 
 }  // namespace loom::kv

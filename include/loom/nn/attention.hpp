@@ -21,6 +21,9 @@
 // comm::self_comm (or the overloads without a communicator), whose reductions are no-ops,
 // so the one-rank and the tensor-parallel model run the same code and cannot drift.
 //
+// Inference runs the same layer forward only (forward_cached): the projections packed once,
+// the same rotary, and the attention over a key/value cache the caller keeps (kv/: paged).
+//
 // Parameters `<name>.wq/wk/wv/wo.weight` (Meta's names). The activations backward needs
 // (rotated q, k, v, the attention probabilities, a) live in an `activations` object the
 // caller owns: one per layer normally, one shared by all layers under activation
@@ -34,8 +37,12 @@
 #include <loom/nn/tp/shard.hpp>
 #include <loom/nn/workspace.hpp>
 #include <loom/ops/host/attention.hpp>
+#include <loom/ops/host/packed_weight.hpp>
 
 #include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <span>
 #include <string>
 
 namespace loom::nn {
@@ -203,6 +210,48 @@ class attention {
                 tensor_view<T, host, 3> dx, workspace<T>& ws, bool accumulate = true) const {
     comm::self_comm self;
     backward(self, params, grads, x, a, dy, dx, ws, accumulate);
+  }
+
+  // ---- forward only, over a key/value cache (inference) ----------------------------------
+  /// The projections packed once for the GEMMs that read them (ops::packed_weight), from
+  /// this layer's parameters in `params` (fp32). Layers with biases are refused (none of the
+  /// decoders run this way has them yet).
+  struct packed {
+    ops::packed_weight wq, wk, wv, wo;
+  };
+  packed pack(std::span<const float> params) const
+    requires std::same_as<T, float>
+  {
+    LOOM_CHECK(!cfg_.bias, "nn::attention::pack: the forward-only path has no biases, and this layer has bias=true");
+    auto p = [&](const linear<T>& l) { return ops::packed_weight(l.weight().in(params)); };
+    return {p(wq_), p(wk_), p(wv_), p(wo_)};
+  }
+
+  /// y [n, dim] = this layer for n new tokens x [n, dim] at `positions` (each token's place
+  /// in its sequence), summed over the tensor group tp; y is overwritten. Where the keys and
+  /// values of the tokens before them live is the caller's: `attend(q, k, v, out)` gets the
+  /// rotated q [n, heads, head_dim] and k, v [n, kv_heads, head_dim] of this rank's heads,
+  /// stores k and v with their sequences (a paged KV cache) and writes each query's
+  /// attention over its sequence into out [n, heads, head_dim]. Scratch comes from ws; y may
+  /// be x's buffer (x is read only before y is written).
+  template <comm::communicator C, class Attend>
+    requires std::same_as<T, float>
+  void forward_cached(C& tp, const packed& w, in_view<T, 2> x, std::span<const std::int64_t> positions, Attend&& attend,
+                      tensor_view<T, host, 2> y, workspace<T>& ws) const {
+    const index_t n = x.extent(0), hd = cfg_.head_dim(), h = split_.heads, kv = split_.kv_heads;
+    LOOM_CHECK(tp.size() == split_.tp_size, "nn::attention: built for tensor-parallel size ", split_.tp_size,
+               ", called on a group of ", tp.size());
+    LOOM_CHECK(x.extent(1) == cfg_.dim, "nn::attention: input has ", x.extent(1), " features, expected dim=", cfg_.dim);
+    auto q = ws.take(n * h * hd), k = ws.take(n * kv * hd), v = ws.take(n * kv * hd), out = ws.take(n * h * hd);
+    ops::gemm(host{}, x, w.wq, make_view(q.data(), n, h * hd));
+    ops::gemm(host{}, x, w.wk, make_view(k.data(), n, kv * hd));
+    ops::gemm(host{}, x, w.wv, make_view(v.data(), n, kv * hd));
+    rope_.forward(make_view(q.data(), n, h, hd), positions);
+    rope_.forward(make_view(k.data(), n, kv, hd), positions);
+    attend(make_view(as_const(q).data(), n, h, hd), make_view(as_const(k).data(), n, kv, hd),
+           make_view(as_const(v).data(), n, kv, hd), make_view(out.data(), n, h, hd));
+    ops::gemm(host{}, make_view(as_const(out).data(), n, h * hd), w.wo, y);
+    tp::reduce_from_tensor_parallel_forward(tp, std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
   }
 
  private:

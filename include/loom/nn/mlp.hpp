@@ -2,7 +2,8 @@
 // Feed-forward blocks with explicit backward:
 //   swiglu_mlp (LLaMA):  y = W2 (silu(W1 x) * W3 x)    `<name>.w1/w2/w3.weight`
 //   gelu_mlp   (GPT):    y = Wp gelu(Wf x + bf) + bp   `<name>.fc/proj.weight|bias`
-// The hidden activations backward needs are in the caller-owned `activations`.
+// The hidden activations backward needs are in the caller-owned `activations`; inference runs
+// swiglu_mlp forward only, over weights packed once, keeping none.
 // swiglu_mlp runs on any tensor-parallel size (the hidden units split, Megatron-LM's
 // column- then row-parallel pair: one all-reduce in forward, one in backward); on one rank,
 // with a comm::self_comm or the overloads without a communicator, those are no-ops.
@@ -14,6 +15,10 @@
 #include <loom/nn/tp/shard.hpp>
 #include <loom/nn/workspace.hpp>
 #include <loom/ops/host/activation.hpp>
+#include <loom/ops/host/packed_weight.hpp>
+
+#include <concepts>
+#include <span>
 
 #include <string>
 
@@ -92,6 +97,34 @@ class swiglu_mlp {
                 tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true) const {
     comm::self_comm self;
     backward(self, params, grads, x, a, dy, dx, ws, accumulate);
+  }
+
+  /// Forward only (inference): the weights packed once for the GEMMs that read them
+  /// (ops::packed_weight), from this MLP's parameters in `params` (fp32).
+  struct packed {
+    ops::packed_weight w1, w2, w3;
+  };
+  packed pack(std::span<const float> params) const
+    requires std::same_as<T, float>
+  {
+    auto p = [&](const linear<T>& l) { return ops::packed_weight(l.weight().in(params)); };
+    return {p(w1_), p(w2_), p(w3_)};
+  }
+  /// y [rows, dim] = mlp(x [rows, dim]) summed over tp, keeping no activations (scratch from
+  /// ws); y may be x's buffer (x is read only before y is written).
+  template <comm::communicator C>
+    requires std::same_as<T, float>
+  void forward(C& tp, const packed& w, in_view<T, 2> x, tensor_view<T, host, 2> y, workspace<T>& ws) const {
+    LOOM_CHECK(tp.size() == tp_size_, "nn::swiglu_mlp: built for tensor-parallel size ", tp_size_, ", called on a group of ",
+               tp.size());
+    const index_t n = x.extent(0), f = hidden_dim();
+    auto gate = ws.take(n * f), up = ws.take(n * f);
+    ops::gemm(host{}, x, w.w1, make_view(gate.data(), n, f));
+    ops::gemm(host{}, x, w.w3, make_view(up.data(), n, f));
+    ops::swiglu_forward(host{}, make_view(as_const(gate).data(), n * f), make_view(as_const(up).data(), n * f),
+                        make_view(gate.data(), n * f));  // element by element: in place is safe
+    ops::gemm(host{}, make_view(as_const(gate).data(), n, f), w.w2, y);
+    tp::reduce_from_tensor_parallel_forward(tp, std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
   }
 
  private:

@@ -5,6 +5,9 @@
 
 #include <loom/ops/host/rope.hpp>
 
+#include <cstdint>
+#include <span>
+
 namespace loom::nn {
 
 template <ops::compute_type T>
@@ -19,6 +22,11 @@ class rotary {
 
   /// x [batch, seq, heads, head_dim] rotated in place; positions start at pos0.
   void forward(tensor_view<T, host, 4> x, index_t pos0 = 0) const { ops::rope_forward(host{}, x, table_, style_, pos0); }
+  /// x [tokens, heads, head_dim] rotated in place, token i at positions[i] (a ragged batch of
+  /// sequences, as inference runs them).
+  void forward(tensor_view<T, host, 3> x, std::span<const std::int64_t> positions) const {
+    ops::rope_forward(host{}, x, table_, style_, positions);
+  }
   void backward(tensor_view<T, host, 4> dx, index_t pos0 = 0) const {
     ops::rope_backward(host{}, dx, table_, style_, pos0);
   }

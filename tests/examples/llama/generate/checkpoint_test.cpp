@@ -22,8 +22,8 @@ TEST_CASE("llama2.c and HF checkpoints generate what PyTorch generates") {
   for (c k : {c{"a_legacy.bin", "a"}, c{"a_v1.bin", "a"}, c{"b_legacy.bin", "b"}, c{"b_v1.bin", "b"}, c{"hf", "a"},
               c{"hf/model.safetensors", "a"}}) {
     CAPTURE(k.file);
-    const llama_weights w = load_checkpoint(f.path(k.file));
-    CHECK(w.config.rope_interleaved == (std::string(k.file).find("hf") == std::string::npos));
+    const flat_weights w = load_checkpoint(f.path(k.file));
+    CHECK((w.cfg.rope == loom::ops::rope_style::interleaved) == (std::string(k.file).find("hf") == std::string::npos));
     engine_config ec;
     ec.num_blocks = 16;
     ec.block_size = 4;
@@ -55,9 +55,10 @@ TEST_CASE("llama2.c and HF checkpoints generate what PyTorch generates") {
 
 TEST_CASE("BF16 safetensors shards load (values rounded to bfloat16)") {
   const auto& f = checkpoint_files::get();
-  const llama_weights w32 = load_checkpoint(f.path("hf"));
-  const llama_weights w16 = load_checkpoint(f.path("hf_bf16"));
-  for (std::size_t i = 0; i < w32.layers[0].wq.size(); ++i)
-    REQUIRE(w16.layers[0].wq[i] == static_cast<float>(loom::bfloat16(w32.layers[0].wq[i])));
+  const flat_weights w32 = load_checkpoint(f.path("hf"));
+  const flat_weights w16 = load_checkpoint(f.path("hf_bf16"));
+  const auto q32 = w32.tensor("layers.0.attention.wq.weight"), q16 = w16.tensor("layers.0.attention.wq.weight");
+  REQUIRE(q32.size() == q16.size());
+  for (std::size_t i = 0; i < q32.size(); ++i) REQUIRE(q16[i] == static_cast<float>(loom::bfloat16(q32[i])));
   CHECK_THROWS_AS(load_checkpoint(f.path("nothing_here")), loom::error);
 }

@@ -2,8 +2,9 @@
 // different prompt and output lengths equals, token for token, a contiguous-KV reference that
 // runs each sequence alone, one token at a time — with chunked prefill, with prefix sharing,
 // and across forced preemptions. The reference keeps keys and values in one contiguous array
-// per layer and knows nothing of blocks, tables, schedulers or caches. It runs the same host
-// kernels one token at a time, its GEMMs unpacked (ops::gemm on the weights as they are): on
+// per layer and knows nothing of blocks, tables, schedulers, caches or the layer objects: it
+// reads the tensors by name and runs the host kernels one token at a time, its GEMMs unpacked
+// (ops::gemm on the weights as they are): on
 // loom's sgemm kernels a row's bits do not depend on the batch, so equality is demanded; on
 // the BLAS path (no AVX2) that does not hold and the token comparison is skipped by name.
 #include <doctest/doctest.h>
@@ -37,52 +38,54 @@ void rmsnorm(const float* x, const float* g, float* y, std::int64_t n, float eps
 }
 
 // Greedy generation of one sequence with contiguous KV.
-std::vector<token_id> reference_generate(const llama_weights& w, std::vector<token_id> tokens, int max_new) {
-  const llama_config& c = w.config;
-  const std::int64_t D = c.dim, KD = c.kv_dim(), H = c.hidden_dim, hd = c.head_dim();
-  const loom::ops::rope_table<float> rope(c.max_seq_len, c.head_dim(), c.rope_theta);
-  const auto style = c.rope_interleaved ? loom::ops::rope_style::interleaved : loom::ops::rope_style::half_split;
+std::vector<token_id> reference_generate(const flat_weights& w, std::vector<token_id> tokens, int max_new) {
+  const config& c = w.cfg;
+  const std::int64_t D = c.dim, hd = c.head_dim(), KD = c.n_kv_heads * hd, H = c.hidden_dim;
+  const float eps = static_cast<float>(c.norm_eps);
+  const loom::ops::rope_table<float> rope(c.seq_len, hd, c.rope_theta);
+  const auto style = c.rope;
+  auto t = [&](const std::string& name) { return w.tensor(name).data(); };
   // K, V: [layers][position][kv_dim], contiguous.
   std::vector<std::vector<float>> K(static_cast<std::size_t>(c.n_layers)), V(static_cast<std::size_t>(c.n_layers));
-  std::vector<float> x(D), xb(D), q(D), k(KD), v(KD), att(D), h1(H), h3(H), hs(H), logits(c.vocab_size), acc(hd);
+  std::vector<float> x(D), xb(D), q(D), k(KD), v(KD), att(D), h1(H), h3(H), hs(H), logits(static_cast<std::size_t>(c.vocab)), acc(hd);
   std::vector<token_id> out;
   for (std::int64_t pos = 0; pos < static_cast<std::int64_t>(tokens.size()); ++pos) {
-    const float* e = w.tok_embeddings.data() + tokens[static_cast<std::size_t>(pos)] * D;
+    const float* e = t("tok_embeddings.weight") + tokens[static_cast<std::size_t>(pos)] * D;
     std::copy(e, e + D, x.begin());
     const std::int64_t p[1] = {pos};
     for (int l = 0; l < c.n_layers; ++l) {
-      const auto& L = w.layers[static_cast<std::size_t>(l)];
-      rmsnorm(x.data(), L.attn_norm.data(), xb.data(), D, c.norm_eps);
-      matvec(xb.data(), L.wq.data(), q.data(), D, D);
-      matvec(xb.data(), L.wk.data(), k.data(), D, KD);
-      matvec(xb.data(), L.wv.data(), v.data(), D, KD);
+      const std::string L = "layers." + std::to_string(l) + ".";
+      rmsnorm(x.data(), t(L + "attention_norm.weight"), xb.data(), D, eps);
+      matvec(xb.data(), t(L + "attention.wq.weight"), q.data(), D, D);
+      matvec(xb.data(), t(L + "attention.wk.weight"), k.data(), D, KD);
+      matvec(xb.data(), t(L + "attention.wv.weight"), v.data(), D, KD);
       loom::ops::rope_forward(loom::host{}, loom::make_view(q.data(), 1, c.n_heads, hd), rope, style, std::span<const std::int64_t>(p));
       loom::ops::rope_forward(loom::host{}, loom::make_view(k.data(), 1, c.n_kv_heads, hd), rope, style, std::span<const std::int64_t>(p));
       auto& Kl = K[static_cast<std::size_t>(l)];
       auto& Vl = V[static_cast<std::size_t>(l)];
       Kl.insert(Kl.end(), k.begin(), k.end());
       Vl.insert(Vl.end(), v.begin(), v.end());
-      const int group = c.n_heads / c.n_kv_heads;
-      for (int h = 0; h < c.n_heads; ++h) {
+      const std::int64_t group = c.n_heads / c.n_kv_heads;
+      for (std::int64_t h = 0; h < c.n_heads; ++h) {
         const std::int64_t g = h / group;
         auto key = [&](std::int64_t j) { return Kl.data() + j * KD + g * hd; };
         auto val = [&](std::int64_t j) { return Vl.data() + j * KD + g * hd; };
         loom::kv::attend_row(q.data() + h * hd, pos + 1, static_cast<std::int32_t>(hd), 1.f / std::sqrt(float(hd)), key,
                              val, acc.data(), att.data() + h * hd);
       }
-      matvec(att.data(), L.wo.data(), xb.data(), D, D);
+      matvec(att.data(), t(L + "attention.wo.weight"), xb.data(), D, D);
       for (std::int64_t i = 0; i < D; ++i) x[static_cast<std::size_t>(i)] += xb[static_cast<std::size_t>(i)];
-      rmsnorm(x.data(), L.ffn_norm.data(), xb.data(), D, c.norm_eps);
-      matvec(xb.data(), L.w1.data(), h1.data(), D, H);
-      matvec(xb.data(), L.w3.data(), h3.data(), D, H);
+      rmsnorm(x.data(), t(L + "ffn_norm.weight"), xb.data(), D, eps);
+      matvec(xb.data(), t(L + "feed_forward.w1.weight"), h1.data(), D, H);
+      matvec(xb.data(), t(L + "feed_forward.w3.weight"), h3.data(), D, H);
       loom::ops::swiglu_forward(loom::host{}, loom::make_view(static_cast<const float*>(h1.data()), H),
                                 loom::make_view(static_cast<const float*>(h3.data()), H), loom::make_view(hs.data(), H));
-      matvec(hs.data(), L.w2.data(), xb.data(), H, D);
+      matvec(hs.data(), t(L + "feed_forward.w2.weight"), xb.data(), H, D);
       for (std::int64_t i = 0; i < D; ++i) x[static_cast<std::size_t>(i)] += xb[static_cast<std::size_t>(i)];
     }
     if (pos + 1 < static_cast<std::int64_t>(tokens.size())) continue;  // still reading the prompt
-    rmsnorm(x.data(), w.norm.data(), xb.data(), D, c.norm_eps);
-    matvec(xb.data(), w.classifier(), logits.data(), D, c.vocab_size);
+    rmsnorm(x.data(), t("norm.weight"), xb.data(), D, eps);
+    matvec(xb.data(), t(c.tied_output ? "tok_embeddings.weight" : "output.weight"), logits.data(), D, c.vocab);
     const token_id t = static_cast<token_id>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     out.push_back(t);
     if (static_cast<int>(out.size()) == max_new) break;
@@ -91,18 +94,18 @@ std::vector<token_id> reference_generate(const llama_weights& w, std::vector<tok
   return out;
 }
 
-std::vector<request> make_requests(const llama_config& c, int n) {
+std::vector<request> make_requests(const config& c, int n) {
   loom::counter_rng rng(77);
   std::uint64_t k = 0;
   auto rnd = [&](int m) { return static_cast<int>(rng.bits(k++) % static_cast<std::uint32_t>(m)); };
   std::vector<token_id> system_prompt;  // shared by half of the requests: prefix-cache hits
-  for (int i = 0; i < 40; ++i) system_prompt.push_back(rnd(c.vocab_size));
+  for (int i = 0; i < 40; ++i) system_prompt.push_back(rnd(static_cast<int>(c.vocab)));
   std::vector<request> reqs;
   for (int i = 0; i < n; ++i) {
     request r;
     r.id = static_cast<std::uint64_t>(i);
     if (i % 2 == 0) r.prompt = system_prompt;
-    for (int j = 0, m = 1 + rnd(50); j < m; ++j) r.prompt.push_back(rnd(c.vocab_size));
+    for (int j = 0, m = 1 + rnd(50); j < m; ++j) r.prompt.push_back(rnd(static_cast<int>(c.vocab)));
     r.max_new_tokens = 1 + rnd(32);
     // Two prompts that are exactly two full blocks of the shared prefix: wholly cached.
     if (i >= n - 2) r.prompt.assign(system_prompt.begin(), system_prompt.begin() + 32);
@@ -111,11 +114,11 @@ std::vector<request> make_requests(const llama_config& c, int n) {
   return reqs;
 }
 
-llama_config test_config() {
-  llama_config c;
-  c.dim = 64, c.hidden_dim = 160, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.vocab_size = 97;
-  c.max_seq_len = 128;
-  c.shared_classifier = false;  // tied random embeddings make a model that repeats its input
+config test_config() {
+  config c;
+  c.dim = 64, c.hidden_dim = 160, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.vocab = 97;
+  c.seq_len = 128;
+  c.tied_output = false;  // tied random embeddings make a model that repeats its input
   return c;
 }
 
@@ -127,8 +130,8 @@ TEST_CASE("paged generation equals contiguous-KV reference for 32 concurrent seq
       MESSAGE("skipped: paged = contiguous token for token on the blas sgemm kernel (its rows depend on the batch)");
       return;
     }
-    const llama_config c = test_config();
-    const llama_weights w = llama_weights::random(c, 5);
+    const config c = test_config();
+    const flat_weights w = flat_weights::random(c, 5);
     auto reqs = make_requests(c, 32);
     std::vector<std::vector<token_id>> ref;
     for (auto& r : reqs) ref.push_back(reference_generate(w, r.prompt, r.max_new_tokens));
@@ -165,8 +168,8 @@ TEST_CASE("paged generation equals contiguous-KV reference for 32 concurrent seq
 }
 
 TEST_CASE("seeded sampling is reproducible regardless of batching and preemption") {
-  const llama_config c = test_config();
-  const llama_weights w = llama_weights::random(c, 6);
+  const config c = test_config();
+  const flat_weights w = flat_weights::random(c, 6);
   auto reqs = make_requests(c, 12);
   for (auto& r : reqs) {
     r.sampling.temperature = 0.9f;
@@ -193,10 +196,35 @@ TEST_CASE("seeded sampling is reproducible regardless of batching and preemption
 }
 
 TEST_CASE("engine rejects token ids outside the vocabulary") {
-  const llama_config c = test_config();
-  const llama_weights w = llama_weights::random(c, 5);
+  const config c = test_config();
+  const flat_weights w = flat_weights::random(c, 5);
   llama_engine<float> eng(w, {});
   request r;
-  r.prompt = {1, 2, c.vocab_size};
+  r.prompt = {1, 2, static_cast<token_id>(c.vocab)};
   CHECK_THROWS_AS(eng.add(r), loom::error);
+}
+
+TEST_CASE("weights that do not fit their config, and checkpoints that lack a tensor, are refused by name") {
+  const config c = test_config();
+  flat_weights w = flat_weights::random(c, 5);
+  w.params = loom::buffer<float>(w.params.size() - 16);  // one aligned tensor slot short
+  CHECK_THROWS_WITH_AS(llama_engine<float>(w, {}), doctest::Contains("llama_engine: the weights hold"), loom::error);
+
+  const flat_weights full = flat_weights::random(c, 5);
+  loom::io::tensor_map m;
+  auto put = [&](const loom::nn::param_info& e) {
+    loom::io::named_tensor t;
+    t.shape.assign(e.shape.begin(), e.shape.end());
+    t.data = loom::buffer<float>(e.numel);
+    const auto src = full.tensor(e.name);
+    std::copy(src.begin(), src.end(), t.data.begin());
+    m.emplace(e.name, std::move(t));
+  };
+  const std::string dropped = "layers.1.feed_forward.w3.weight";
+  for (const auto& e : full.layout.entries())
+    if (e.name != dropped) put(e);
+  CHECK_THROWS_WITH_AS(detail::from_tensors(c, m), doctest::Contains(dropped.c_str()), loom::error);
+  put(full.layout.find(dropped));  // with it, the copy is the original, element for element
+  const flat_weights back = detail::from_tensors(c, m);
+  CHECK(std::equal(back.params.begin(), back.params.end(), full.params.begin(), full.params.end()));
 }

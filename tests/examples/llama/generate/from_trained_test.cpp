@@ -16,9 +16,9 @@ TEST_CASE("llama::model weights run in the paged engine with the same logits") {
     tc.rope = variant ? loom::ops::rope_style::half_split : loom::ops::rope_style::interleaved;
     llama::model<float, float> m(tc);
     m.init(11 + static_cast<std::uint64_t>(variant), 0.3f);  // larger weights: logits that depend on context
-    const llama::llama_weights w = llama::from_trained(m);
-    CHECK(w.config.rope_interleaved == (variant == 0));
-    CHECK(w.config.shared_classifier == (variant == 1));
+    const llama::flat_weights w = llama::from_trained(m);
+    CHECK(w.cfg.rope == tc.rope);
+    CHECK(w.cfg.tied_output == (variant == 1));
 
     std::vector<std::int32_t> tokens;
     for (int i = 0; i < 40; ++i) tokens.push_back((i * 37 + 5) % 80);

@@ -24,11 +24,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
-llama_config small_model(int max_seq_len = 192, int dim = 48, int layers = 2) {
-  llama_config c;
-  c.dim = dim, c.hidden_dim = 2 * dim, c.n_layers = layers, c.n_heads = 4, c.n_kv_heads = 2, c.vocab_size = 259;
-  c.max_seq_len = max_seq_len;
-  c.shared_classifier = false;
+config small_model(int max_seq_len = 192, int dim = 48, int layers = 2) {
+  config c;
+  c.dim = dim, c.hidden_dim = 2 * dim, c.n_layers = layers, c.n_heads = 4, c.n_kv_heads = 2, c.vocab = 259;
+  c.seq_len = max_seq_len;
+  c.tied_output = false;
   return c;
 }
 
@@ -99,7 +99,7 @@ bool healthy(int port) {
 }  // namespace
 
 TEST_CASE("llama-serve limits: bodies, fields, caps, deadlines") {
-  const llama_weights w = llama_weights::random(small_model(), 3);
+  const flat_weights w = flat_weights::random(small_model(), 3);
   llama_server server(w, small_engine(), text_codec{}, tight_options());
   const int port = server.start("127.0.0.1", 0);
   REQUIRE(port > 0);
@@ -301,7 +301,7 @@ TEST_CASE("llama-serve limits: bodies, fields, caps, deadlines") {
 TEST_CASE("llama-serve cancels requests whose client left or whose deadline passed") {
   // Long greedy generations on a model with a long context, so a request is still running
   // when its client goes.
-  const llama_weights w = llama_weights::random(small_model(2048, 128, 4), 5);
+  const flat_weights w = flat_weights::random(small_model(2048, 128, 4), 5);
   auto start = [&](std::chrono::milliseconds timeout) {
     server_options o;
     o.max_tokens_limit = 2000;
@@ -363,7 +363,7 @@ TEST_CASE("llama-serve cancels requests whose client left or whose deadline pass
 }
 
 TEST_CASE("llama-serve --api-key: 401 with a JSON message without the key") {
-  const llama_weights w = llama_weights::random(small_model(), 3);
+  const flat_weights w = flat_weights::random(small_model(), 3);
   server_options o;
   o.api_key = "s3cret-key";
   llama_server server(w, small_engine(), text_codec{}, o);
@@ -383,7 +383,7 @@ TEST_CASE("llama-serve --api-key: 401 with a JSON message without the key") {
 }
 
 TEST_CASE("llama-serve ports: range-checked, and a taken port is an error") {
-  const llama_weights w = llama_weights::random(small_model(), 3);
+  const flat_weights w = flat_weights::random(small_model(), 3);
   llama_server a(w, small_engine(), text_codec{});
   for (int bad : {-1, 65536, 70000}) {
     CAPTURE(bad);

@@ -39,11 +39,11 @@ long rss_kib() {
 }  // namespace
 
 TEST_CASE("llama-serve load: 64 mixed clients, slow ones holding connections") {
-  llama_config c;
-  c.dim = 48, c.hidden_dim = 96, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.vocab_size = 259;
-  c.max_seq_len = 192;
-  c.shared_classifier = false;
-  const llama_weights w = llama_weights::random(c, 11);
+  config c;
+  c.dim = 48, c.hidden_dim = 96, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.vocab = 259;
+  c.seq_len = 192;
+  c.tied_output = false;
+  const flat_weights w = flat_weights::random(c, 11);
   engine_config ec;
   ec.num_blocks = 512;
   ec.block_size = 16;

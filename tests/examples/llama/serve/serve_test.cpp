@@ -17,11 +17,11 @@ using nlohmann::json;
 
 namespace {
 
-llama_config server_model() {
-  llama_config c;
-  c.dim = 48, c.hidden_dim = 96, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.vocab_size = 259;
-  c.max_seq_len = 192;
-  c.shared_classifier = false;
+config server_model() {
+  config c;
+  c.dim = 48, c.hidden_dim = 96, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.vocab = 259;
+  c.seq_len = 192;
+  c.tied_output = false;
   return c;
 }
 
@@ -35,13 +35,13 @@ engine_config server_engine() {
 }
 
 // What the engine alone produces for `text` (byte codec), decoded as the server decodes.
-std::string oracle(const llama_weights& w, const std::string& text, int max_new, loom::kv::sampling_params sp) {
+std::string oracle(const flat_weights& w, const std::string& text, int max_new, loom::kv::sampling_params sp) {
   text_codec codec;
   llama_engine<float> eng(w, server_engine());
   loom::kv::request r;
   r.id = 7;
   r.prompt = codec.encode(text);
-  r.max_new_tokens = std::min<int>(max_new, w.config.max_seq_len - static_cast<int>(r.prompt.size()));
+  r.max_new_tokens = std::min<int>(max_new, static_cast<int>(w.cfg.seq_len) - static_cast<int>(r.prompt.size()));
   r.sampling = sp;
   r.stop_tokens = {codec.eos()};
   auto out = eng.generate({r})[7];
@@ -92,7 +92,7 @@ std::string read_sse(const std::string& body, bool chat, std::string* finish) {
 }  // namespace
 
 TEST_CASE("llama-serve: protocols, streaming, concurrency, errors") {
-  const llama_weights w = llama_weights::random(server_model(), 3);
+  const flat_weights w = flat_weights::random(server_model(), 3);
   llama_server server(w, server_engine(), text_codec{});
   const int port = server.start("127.0.0.1", 0);
   REQUIRE(port > 0);
@@ -208,7 +208,7 @@ TEST_CASE("llama-serve: protocols, streaming, concurrency, errors") {
       const char* path;
       std::string body;
     };
-    const std::string too_long(400, 'x');  // 401 tokens > max_seq_len 192
+    const std::string too_long(400, 'x');  // 401 tokens > seq_len 192
     for (const bad& b : {bad{"/", "{\"prompt\": "}, bad{"/", "{\"history\": []}"}, bad{"/", "[1, 2]"},
                          bad{"/", json({{"prompt", too_long}}).dump()},
                          bad{"/", json({{"prompt", "a"}, {"max_length", "long"}}).dump()},
