@@ -18,7 +18,7 @@
 #include <llama/generate/from_trained.hpp>
 #include <llama/generate/llama_engine.hpp>
 #include <llama/model/llama.hpp>
-#include <llama/train3d/train3d.hpp>
+#include <llama/train3d/checkpoint.hpp>
 #include <synthetic_corpus.hpp>
 
 #include <loom/comm/thread_comm.hpp>
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
 
     // ---- 1. train; 2. save the sharded checkpoint ---------------------------------------------
     const double tokens_per_step = double(o.mesh.dp) * topt.micro_batches * double(topt.micro_batch_size * topt.seq);
-    std::size_t total_elems = 0;
+    std::string checkpoint_dir;
     const auto t_train = std::chrono::steady_clock::now();
     loom::comm::run_ranks(world, [&](loom::comm::thread_comm& comm) {
       const int r = comm.rank();
@@ -155,46 +155,17 @@ int main(int argc, char** argv) {
           std::printf("trained %lld steps in %.1f s: loss %.3f -> %.3f (uniform guess: %.3f)\n", (long long)o.steps,
                       seconds_since(t_train), loss_first, st.loss, std::log(double(cfg.vocab)));
       }
-      // Each rank writes its contiguous slice of the consolidated fp32 weights.
-      const std::vector<float> full = t.consolidated_master();
-      const std::size_t per = (full.size() + world - 1) / world;
-      const std::size_t lo = std::min(full.size(), per * r), hi = std::min(full.size(), lo + per);
-      loom::io::tensor_map shard;
-      loom::io::named_tensor nt;
-      nt.shape = {static_cast<std::int64_t>(hi - lo)};
-      nt.data = loom::buffer<float>(hi - lo);
-      std::copy(full.begin() + static_cast<std::ptrdiff_t>(lo), full.begin() + static_cast<std::ptrdiff_t>(hi), nt.data.begin());
-      shard.emplace("flat", std::move(nt));
-      loom::io::write_safetensors((fs::path(o.out) / "checkpoint" / ("rank-" + std::to_string(r) + ".safetensors")).string(),
-                                  shard, "F32",
-                                  {{"offset", std::to_string(lo)}, {"total", std::to_string(full.size())},
-                                   {"world", std::to_string(world)}});
-      if (r == 0) total_elems = full.size();
+      // Each rank writes the training state it owns (sharded checkpoint: nothing gathered).
+      const std::string dir = llama3d::save_checkpoint(t, (fs::path(o.out) / "checkpoint").string());
+      if (r == 0) checkpoint_dir = dir;
     });
 
-    // ---- consolidate the shards into one file with Meta's names ------------------------------
-    llama::model<float, float> layout_model(cfg);  // only for the (name, offset, shape) table
-    std::vector<float> flat;
-    flat.reserve(total_elems);
-    for (int r = 0; r < world; ++r) {
-      auto m = loom::io::read_safetensors((fs::path(o.out) / "checkpoint" / ("rank-" + std::to_string(r) + ".safetensors")).string());
-      const auto& t = m.at("flat");
-      flat.insert(flat.end(), t.data.begin(), t.data.end());
-    }
-    LOOM_CHECK(flat.size() == layout_model.params().size(), "consolidated ", flat.size(), " elements, model has ",
-               layout_model.params().size());
-    loom::io::tensor_map named;
-    for (const auto& e : layout_model.layout().entries()) {
-      loom::io::named_tensor t;
-      t.shape.assign(e.shape.begin(), e.shape.end());
-      t.data = loom::buffer<float>(e.numel);
-      std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(e.offset), e.numel, t.data.begin());
-      named.emplace(e.name, std::move(t));
-    }
+    // ---- consolidate the shards into one file with Meta's names, one tensor at a time ---------
     const std::string model_path = (fs::path(o.out) / "model.safetensors").string();
-    loom::io::write_safetensors(model_path, named);
-    std::printf("saved the sharded checkpoint (%d files under %s/checkpoint) and consolidated it into %s (%.1f MiB)\n",
-                world, o.out.c_str(), model_path.c_str(), double(fs::file_size(model_path)) / (1024.0 * 1024.0));
+    llama3d::consolidate_checkpoint(checkpoint_dir, model_path);
+    std::printf("saved the sharded checkpoint (%d rank files in %s) and consolidated it, one tensor at a time, into %s "
+                "(%.1f MiB)\n",
+                world, checkpoint_dir.c_str(), model_path.c_str(), double(fs::file_size(model_path)) / (1024.0 * 1024.0));
 
     // ---- 3. load into the paged-KV engine and generate -------------------------------------------
     const llama::flat_weights w = llama::detail::from_tensors(cfg, loom::io::read_safetensors(model_path));

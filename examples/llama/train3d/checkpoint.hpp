@@ -28,9 +28,13 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -82,6 +86,13 @@ inline void fsync_path(const std::string& path, bool directory) {
   const int rc = ::fsync(fd);
   ::close(fd);
   LOOM_CHECK(rc == 0, "checkpoint: fsync of '", path, "' failed");
+}
+
+// Test hook: LOOM_CHECKPOINT_CRASH=<point> kills this process (SIGKILL) at that point of a
+// save, so a test can show that no crash leaves `latest` naming an incomplete checkpoint.
+inline void crash_point(const char* point) {
+  const char* e = std::getenv("LOOM_CHECKPOINT_CRASH");
+  if (e && std::strcmp(e, point) == 0) std::raise(SIGKILL);
 }
 
 inline std::string rank_file(int r) {
@@ -142,6 +153,7 @@ std::string save_checkpoint(trainer<P, T, C>& t, const std::string& root) {
   loom::io::write_safetensors(file, pieces, "F32", {{"format", detail::checkpoint_format}, {"rank", std::to_string(rank)}});
   detail::fsync_path(file, false);
   world.barrier();
+  detail::crash_point("rank-files");
   if (rank == 0) {
     const auto& o = t.options();
     nlohmann::json tensors = nlohmann::json::object();
@@ -162,16 +174,19 @@ std::string save_checkpoint(trainer<P, T, C>& t, const std::string& root) {
     }
     detail::fsync_path(partial + "/manifest.json", false);
     detail::fsync_path(partial, true);
+    detail::crash_point("manifest");
     std::error_code ec;
     fs::remove_all(final_dir, ec);
     fs::rename(partial, final_dir, ec);
     LOOM_CHECK(!ec, "checkpoint: cannot rename '", partial, "' to '", final_dir, "': ", ec.message());
+    detail::crash_point("renamed");
     {
       std::ofstream f(root + "/latest.tmp");
       f << "step-" << t.steps() << "\n";
       LOOM_CHECK(f.good(), "checkpoint: writing '", root, "/latest.tmp' failed");
     }
     detail::fsync_path(root + "/latest.tmp", false);
+    detail::crash_point("latest-tmp");
     fs::rename(root + "/latest.tmp", root + "/latest", ec);
     LOOM_CHECK(!ec, "checkpoint: cannot update '", root, "/latest': ", ec.message());
     detail::fsync_path(root, true);
@@ -196,77 +211,109 @@ inline std::string resolve_checkpoint(const std::string& path) {
   return path + "/" + name;
 }
 
+/// A saved checkpoint opened for reading: its manifest and every rank file's header, and
+/// reads of any range of any tensor's state, touching only the bytes of the pieces that
+/// overlap it.
+class checkpoint_reader {
+ public:
+  explicit checkpoint_reader(const std::string& path) : dir_(resolve_checkpoint(path)), what_("checkpoint '" + dir_ + "'") {
+    {
+      std::ifstream f(dir_ + "/manifest.json");
+      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      manifest_ = loom::data::parse_json_input(text, what_ + ": manifest.json");
+    }
+    LOOM_CHECK(manifest_.is_object() && manifest_.value("format", "") == detail::checkpoint_format, what_,
+               ": manifest.json is not a ", detail::checkpoint_format, " manifest");
+    LOOM_CHECK(manifest_.contains("tensors") && manifest_["tensors"].is_object(), what_, ": manifest.json lists no tensors");
+    for (auto& [name, shape] : manifest_["tensors"].items()) {
+      std::vector<std::int64_t> v;
+      LOOM_CHECK(shape.is_array(), what_, ": tensor '", name, "' has no shape");
+      for (std::size_t i = 0; i < shape.size(); ++i)
+        v.push_back(loom::data::json_integer(shape[i], what_ + ": shape of '" + name + "'", 1, INT64_MAX));
+      shapes_[name] = std::move(v);
+    }
+    step_ = loom::data::json_integer(manifest_["step"], what_ + ": step", 0, INT64_MAX);
+    const auto files = loom::data::json_integer(manifest_["files"], what_ + ": files", 1, 1 << 20);
+    for (std::int64_t r = 0; r < files; ++r) {
+      index_.push_back(loom::io::read_safetensors_index(dir_ + "/" + detail::rank_file(static_cast<int>(r))));
+      for (const auto& [key, e] : index_.back().tensors) {
+        if (key.rfind("master/", 0) != 0) continue;
+        const std::size_t slash = key.rfind('/');
+        LOOM_CHECK(slash > 7 && slash + 1 < key.size() && key.find_first_not_of("0123456789", slash + 1) == std::string::npos,
+                   what_, ": file ", r, " has a tensor named '", key.substr(0, 80), "'");
+        where_[key.substr(7, slash - 7)].push_back(
+            {static_cast<std::size_t>(std::stoull(key.substr(slash + 1))), static_cast<std::size_t>(e.count), index_.size() - 1});
+      }
+    }
+    for (auto& [name, v] : where_) std::sort(v.begin(), v.end(), [](const located& a, const located& b) { return a.full < b.full; });
+  }
+
+  const std::string& dir() const noexcept { return dir_; }
+  const nlohmann::json& manifest() const noexcept { return manifest_; }
+  std::int64_t step() const noexcept { return step_; }
+  /// Every tensor's name and full shape.
+  const std::map<std::string, std::vector<std::int64_t>>& shapes() const noexcept { return shapes_; }
+
+  /// Elements [first, first + out.size()) of tensor `name` (row-major in its full shape) of
+  /// state `kind` (0 master, 1 exp_avg, 2 exp_avg_sq); every element must be in a piece.
+  void read(int kind, const std::string& name, std::size_t first, std::span<float> out) const {
+    const auto it = where_.find(name);
+    LOOM_CHECK(it != where_.end(), what_, ": no piece of tensor '", name, "'");
+    std::size_t got = 0;
+    for (const located& l : it->second) {
+      const std::size_t a = std::max(l.full, first), b = std::min(l.full + l.count, first + out.size());
+      if (a >= b) continue;
+      const std::string key = std::string(detail::state_kinds[kind]) + "/" + name + "/" + std::to_string(l.full);
+      loom::io::read_safetensors_range(index_[l.file], key, a - l.full, out.subspan(a - first, b - a));
+      got += b - a;
+    }
+    LOOM_CHECK(got == out.size(), what_, ": tensor '", name, "' elements [", first, ", ", first + out.size(),
+               ") are covered by ", got, " elements of its pieces");
+  }
+
+ private:
+  struct located {
+    std::size_t full, count, file;
+  };
+  std::string dir_, what_;
+  nlohmann::json manifest_;
+  std::int64_t step_ = 0;
+  std::map<std::string, std::vector<std::int64_t>> shapes_;
+  std::vector<loom::io::safetensors_index> index_;
+  std::map<std::string, std::vector<located>> where_;
+};
+
 /// Loads a checkpoint saved by save_checkpoint on any mesh and ZeRO stage into `t` (the same
 /// model), so that the next step continues the saved run. Collective over the world.
 template <class P, class T, class C>
 void load_checkpoint(trainer<P, T, C>& t, const std::string& path) {
-  const std::string dir = resolve_checkpoint(path);
-  nlohmann::json manifest;
-  {
-    std::ifstream f(dir + "/manifest.json");
-    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    manifest = loom::data::parse_json_input(text, "checkpoint '" + dir + "/manifest.json'");
-  }
-  const std::string what = "checkpoint '" + dir + "'";
-  LOOM_CHECK(manifest.is_object() && manifest.value("format", "") == detail::checkpoint_format, what,
-             ": manifest.json is not a ", detail::checkpoint_format, " manifest");
+  const checkpoint_reader ck(path);
+  const std::string what = "checkpoint '" + ck.dir() + "'";
   // the same model: every tensor, by name and full shape
   const auto layout = full_layout(t.model().cfg());
-  const auto& tensors = manifest["tensors"];
-  LOOM_CHECK(tensors.is_object() && tensors.size() == layout.entries().size(), what, ": holds ",
-             tensors.is_object() ? tensors.size() : 0, " tensors, this model has ", layout.entries().size());
+  LOOM_CHECK(ck.shapes().size() == layout.entries().size(), what, ": holds ", ck.shapes().size(), " tensors, this model has ",
+             layout.entries().size());
   for (const auto& e : layout.entries()) {
-    LOOM_CHECK(tensors.contains(e.name), what, ": has no tensor '", e.name, "'");
-    LOOM_CHECK(tensors[e.name] == nlohmann::json(e.shape), what, ": tensor '", e.name, "' has shape ",
-               tensors[e.name].dump(), ", this model's is ", nlohmann::json(e.shape).dump());
+    const auto it = ck.shapes().find(e.name);
+    LOOM_CHECK(it != ck.shapes().end(), what, ": has no tensor '", e.name, "'");
+    LOOM_CHECK(it->second == std::vector<std::int64_t>(e.shape.begin(), e.shape.end()), what, ": tensor '", e.name,
+               "' has shape ", nlohmann::json(it->second).dump(), ", this model's is ", nlohmann::json(e.shape).dump());
   }
-  const auto step = loom::data::json_integer(manifest["step"], what + ": step", 0, INT64_MAX);
-  const auto files = loom::data::json_integer(manifest["files"], what + ": files", 1, 1 << 20);
-  // every file's header; the pieces of each tensor by first element
-  struct located {
-    std::size_t full, count, file;
-  };
-  std::vector<loom::io::safetensors_index> index;
-  std::map<std::string, std::vector<located>> where;
-  for (std::int64_t r = 0; r < files; ++r) {
-    index.push_back(loom::io::read_safetensors_index(dir + "/" + detail::rank_file(static_cast<int>(r))));
-    for (const auto& [key, e] : index.back().tensors) {
-      if (key.rfind("master/", 0) != 0) continue;
-      const std::size_t slash = key.rfind('/');
-      LOOM_CHECK(slash > 7, what, ": file ", r, " has a tensor named '", key.substr(0, 80), "'");
-      where[key.substr(7, slash - 7)].push_back(
-          {static_cast<std::size_t>(std::stoull(key.substr(slash + 1))), static_cast<std::size_t>(e.count), index.size() - 1});
-    }
-  }
-  for (auto& [name, v] : where) std::sort(v.begin(), v.end(), [](const located& a, const located& b) { return a.full < b.full; });
   // each rank fills its slices of every chunk, replicas included, from the pieces it overlaps
   for (int c = 0; c < t.chunks(); ++c) {
     const auto& md = t.model(c);
     t.engine(c).for_each_state_slice([&](std::size_t lo, std::span<float> m0, std::span<float> m1, std::span<float> m2) {
       const std::span<float> state[3] = {m0, m1, m2};
       detail::for_each_piece(md.shards(), lo, lo + m0.size(), [&](const detail::piece& need) {
-        const auto it = where.find(need.tensor);
-        LOOM_CHECK(it != where.end(), what, ": no piece of tensor '", need.tensor, "'");
-        std::size_t got = 0;
-        for (const located& l : it->second) {
-          const std::size_t a = std::max(l.full, need.full), b = std::min(l.full + l.count, need.full + need.count);
-          if (a >= b) continue;
-          for (int k = 0; k < 3; ++k) {
-            const std::string key = std::string(detail::state_kinds[k]) + "/" + need.tensor + "/" + std::to_string(l.full);
-            loom::io::read_safetensors_range(index[l.file], key, a - l.full,
-                                             state[k].subspan(need.flat - lo + (a - need.full), b - a));
-          }
-          got += b - a;
-        }
-        LOOM_CHECK(got == need.count, what, ": tensor '", need.tensor, "' elements [", need.full, ", ",
-                   need.full + need.count, ") are covered by ", got, " elements of its pieces");
+        for (int k = 0; k < 3; ++k) ck.read(k, need.tensor, need.full, state[k].subspan(need.flat - lo, need.count));
       });
     });
   }
   // the loss scaler as it was
-  const auto& sc = manifest["loss_scaler"];
+  const auto& sc = ck.manifest()["loss_scaler"];
   if (auto* d = std::get_if<loom::amp::dynamic_loss_scaler>(&t.loss_scaler())) {
-    LOOM_CHECK(sc.is_object() && sc.value("kind", "") == "dynamic", what, ": was saved with a static loss scale; this run has a dynamic one");
+    LOOM_CHECK(sc.is_object() && sc.value("kind", "") == "dynamic", what,
+               ": was saved with a static loss scale; this run has a dynamic one");
     loom::amp::dynamic_loss_scaler_state st;
     st.scale = sc["scale"].get<float>();
     st.iteration = sc["iteration"].get<std::int64_t>();
@@ -275,7 +322,29 @@ void load_checkpoint(trainer<P, T, C>& t, const std::string& path) {
     st.skipped_steps = sc["skipped_steps"].get<std::int64_t>();
     d->set_state(st);
   }
-  t.restore(step);
+  t.restore(ck.step());
+}
+
+/// Streams checkpoint `path`'s fp32 master weights into one safetensors file of the whole
+/// model (the single-rank names and shapes, what llama-generate and the serving engine load),
+/// one tensor at a time: the memory it needs is about one tensor, whatever the model's size
+/// (the tensor's buffer comes from `mr`; a range read adds one piece's bytes while it runs).
+/// Returns the largest tensor's element count.
+inline std::size_t consolidate_checkpoint(const std::string& path, const std::string& out_file,
+                                          loom::memory_resource& mr = loom::default_resource<loom::host>()) {
+  const checkpoint_reader ck(path);
+  loom::io::safetensors_writer w(out_file, ck.shapes(), "F32", {{"format", "pt"}, {"loom.step", std::to_string(ck.step())}});
+  std::size_t largest = 0;
+  for (const auto& [name, shape] : ck.shapes()) {
+    std::size_t n = 1;
+    for (auto e : shape) n *= static_cast<std::size_t>(e);
+    largest = std::max(largest, n);
+    loom::buffer<float> t(n, mr);
+    ck.read(0, name, 0, t.span());
+    w.write(name, std::span<const float>(t.span()));
+  }
+  w.close();
+  return largest;
 }
 
 }  // namespace llama3d

@@ -205,38 +205,83 @@ inline void read_safetensors_range(const safetensors_index& index, const std::st
   detail::widen(e.dtype, bytes.data(), out.size(), out.data());
 }
 
+/// Writes a safetensors file one tensor at a time: the header (every name and shape) first,
+/// then each tensor's data in name order, so a writer holds one tensor at most (a
+/// consolidation of a sharded checkpoint streams a model larger than memory this way).
+class safetensors_writer {
+ public:
+  /// shapes: every tensor's name and shape; dtype "F32", "F16" or "BF16".
+  safetensors_writer(const std::string& path, std::map<std::string, std::vector<std::int64_t>> shapes,
+                     const std::string& dtype = "F32", const std::map<std::string, std::string>& metadata = {})
+      : path_(path), dtype_(dtype), shapes_(std::move(shapes)), next_(shapes_.begin()) {
+    const std::size_t es = detail::dtype_size(dtype);
+    LOOM_CHECK(es != 0, "write_safetensors: unsupported dtype '", dtype, "'");
+    nlohmann::json header = nlohmann::json::object();
+    if (!metadata.empty()) header["__metadata__"] = metadata;
+    std::uint64_t off = 0;
+    for (const auto& [name, shape] : shapes_) {
+      std::uint64_t n = 1;
+      for (auto e : shape) {
+        LOOM_CHECK(e >= 0, "write_safetensors: tensor '", name, "' has a negative extent ", e);
+        n *= static_cast<std::uint64_t>(e);
+      }
+      header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {off, off + n * es}}};
+      off += n * es;
+    }
+    std::string h = header.dump();
+    while ((8 + h.size()) % 8) h.push_back(' ');  // data starts 8-byte aligned
+    f_.open(path, std::ios::binary);
+    LOOM_CHECK(f_.good(), "write_safetensors: cannot create '", path, "'");
+    const std::uint64_t n = h.size();
+    f_.write(reinterpret_cast<const char*>(&n), 8);
+    f_.write(h.data(), static_cast<std::streamsize>(h.size()));
+  }
+
+  /// The next tensor in name order (the caller writes them all, in that order).
+  void write(const std::string& name, std::span<const float> data) {
+    LOOM_CHECK(next_ != shapes_.end() && next_->first == name, "write_safetensors: tensor '", name, "' written out of order",
+               next_ != shapes_.end() ? " (expected '" + next_->first + "')" : std::string(" (all were written)"));
+    std::uint64_t n = 1;
+    for (auto e : next_->second) n *= static_cast<std::uint64_t>(e);
+    LOOM_CHECK(n == data.size(), "write_safetensors: tensor '", name, "' has ", data.size(), " elements for a shape of ", n);
+    for (float x : data) {
+      if (dtype_ == "F32") {
+        f_.write(reinterpret_cast<const char*>(&x), 4);
+      } else {
+        const std::uint16_t b = dtype_ == "F16" ? std::bit_cast<std::uint16_t>(half(x)) : std::bit_cast<std::uint16_t>(bfloat16(x));
+        f_.write(reinterpret_cast<const char*>(&b), 2);
+      }
+    }
+    ++next_;
+  }
+  /// Every tensor written: the file is complete (flushed).
+  void close() {
+    LOOM_CHECK(next_ == shapes_.end(), "write_safetensors: '", path_, "' closed before tensor '",
+               next_ == shapes_.end() ? "" : next_->first, "' was written");
+    f_.flush();
+    LOOM_CHECK(f_.good(), "write_safetensors: writing '", path_, "' failed");
+    f_.close();
+  }
+
+ private:
+  std::string path_, dtype_;
+  std::map<std::string, std::vector<std::int64_t>> shapes_;
+  std::map<std::string, std::vector<std::int64_t>>::const_iterator next_;
+  std::ofstream f_;
+};
+
 /// Writes `tensors` as `dtype` ("F32", "F16" or "BF16"), names in sorted order.
 inline void write_safetensors(const std::string& path, const tensor_map& tensors, const std::string& dtype = "F32",
                               const std::map<std::string, std::string>& metadata = {}) {
-  const std::size_t es = detail::dtype_size(dtype);
-  LOOM_CHECK(es != 0, "write_safetensors: unsupported dtype '", dtype, "'");
-  nlohmann::json header = nlohmann::json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::uint64_t off = 0;
+  std::map<std::string, std::vector<std::int64_t>> shapes;
   for (auto& [name, t] : tensors) {
     LOOM_CHECK(static_cast<std::size_t>(t.numel()) == t.data.size(), "write_safetensors: tensor '", name, "' has ",
                t.data.size(), " elements for a shape of ", t.numel());
-    const std::uint64_t nb = t.data.size() * es;
-    header[name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {off, off + nb}}};
-    off += nb;
+    shapes[name] = t.shape;
   }
-  std::string h = header.dump();
-  while ((8 + h.size()) % 8) h.push_back(' ');  // data starts 8-byte aligned
-  std::ofstream f(path, std::ios::binary);
-  LOOM_CHECK(f.good(), "write_safetensors: cannot create '", path, "'");
-  const std::uint64_t n = h.size();
-  f.write(reinterpret_cast<const char*>(&n), 8);
-  f.write(h.data(), static_cast<std::streamsize>(h.size()));
-  for (auto& [name, t] : tensors)
-    for (float x : t.data) {
-      if (dtype == "F32") {
-        f.write(reinterpret_cast<const char*>(&x), 4);
-      } else {
-        const std::uint16_t b = dtype == "F16" ? std::bit_cast<std::uint16_t>(half(x)) : std::bit_cast<std::uint16_t>(bfloat16(x));
-        f.write(reinterpret_cast<const char*>(&b), 2);
-      }
-    }
-  LOOM_CHECK(f.good(), "write_safetensors: writing '", path, "' failed");
+  safetensors_writer w(path, std::move(shapes), dtype, metadata);
+  for (auto& [name, t] : tensors) w.write(name, std::span<const float>(t.data.data(), t.data.size()));
+  w.close();
 }
 
 /// The fields of an HF LLaMA config.json that inference needs.
