@@ -16,8 +16,10 @@
 //   waiting in (or later entering) a collective, a barrier or a recv throws loom::error
 //   naming the failed rank. A rank that returns while others wait for it in a collective
 //   makes them throw too. The descriptors posted in barrier 1 are always compared (shared
-//   memory makes it free), so mismatched collectives throw on every rank; in checked mode a
-//   timeout (checked.hpp) bounds every wait. run_ranks rethrows the first failure.
+//   memory makes it free), so mismatched collectives throw on every rank. The timeout
+//   (timeout.hpp, on by default) bounds every wait, so a rank that is stopped or stuck
+//   elsewhere makes the others throw naming the ranks that did not arrive, and aborts the
+//   world. run_ranks rethrows the first failure.
 // - Async forms run on a per-communicator worker thread (started on first use) in issue
 //   order, so `work` genuinely overlaps with the caller's compute. A blocking collective
 //   first waits for this communicator's queued async work, keeping the per-rank order that
@@ -154,21 +156,22 @@ inline void thread_check_alive(thread_group& g, int me, const std::string& what,
 }
 
 /// Waits on the world's condition variable until `done()`. When `interruptible`, throws
-/// loom::error if the world is aborted, a member exits, or the checked-mode timeout passes
-/// (which aborts the world). Caller holds lk.
+/// loom::error if the world is aborted, a member exits, or the timeout passes (which aborts
+/// the world). Caller holds lk.
 template <class Done>
 void thread_wait(std::unique_lock<std::mutex>& lk, thread_group& g, int me, bool interruptible, const std::string& what,
                  Done done, int peer = -1) {
   thread_world& w = *g.world;
-  const auto limit = checked() ? timeout() : std::chrono::milliseconds(0);
+  const auto limit = timeout();
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (!done()) {
     if (interruptible) {
       thread_check_alive(g, me, what, peer);
       if (limit.count() > 0 && std::chrono::steady_clock::now() >= deadline) {
-        w.abort_locked("rank " + std::to_string(me) + " timed out after " + std::to_string(limit.count()) +
-                       " ms in " + what + " waiting for ranks [" +
-                       (peer >= 0 ? std::to_string(peer) : thread_rank_list(g, false)) + "]");
+        w.abort_locked("rank " + std::to_string(me) + " timed out after " + std::to_string(limit.count()) + " ms in " +
+                           what + " waiting for rank(s) [" +
+                           (peer >= 0 ? std::to_string(peer) : thread_rank_list(g, false)) +
+                           "], which did not arrive: stopped or waiting in another call " + timeout_hint(limit));
         throw error("thread_comm: " + w.reason);
       }
       if (limit.count() > 0)
@@ -228,8 +231,7 @@ inline void thread_sync(thread_group& g, int me) {
 inline void thread_posted_recv::wait() {
   thread_world& w = *group->world;
   std::unique_lock lk(w.m);
-  const std::string what = "recv(count=" + std::to_string(count) + ", " + std::string(dtype_name(type)) +
-                           ", peer=" + std::to_string(src) + ", tag=" + std::to_string(tag) + ")";
+  const std::string what = describe(wait_site::p2p(wait_site::kind::recv, count, type, src, tag));
   try {
     thread_wait(lk, *group, me, true, what, [&] { return done; }, src);
   } catch (...) {
