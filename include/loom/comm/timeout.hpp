@@ -16,7 +16,7 @@
 // set_timeout changes it; 0 waits forever. A value that is not a number >= 0 is an error
 // naming LOOM_COMM_TIMEOUT and the value, never silently the default.
 //
-// poll_until is the shared wait loop: test, spin briefly (a collective that completes
+// poll_until is the shared wait loop: test and spin first (a collective that completes
 // within microseconds keeps its latency), then sleep with growing backoff (a rank waiting
 // seconds for a slow peer does not burn the core the peer may need).
 
@@ -84,15 +84,18 @@ inline std::string timeout_hint(std::chrono::milliseconds t) {
 namespace detail {
 
 /// Calls `done()` until it returns true or `limit` passes (limit > 0); returns whether it
-/// completed. Spins for the first ~50 us, then sleeps 1 us doubling up to 1 ms.
+/// completed. Spins for the first 10 ms, as MPI's own blocking wait does (a yield would hand
+/// the core to any other process for a whole time slice): MPI progresses a peer's message only while some call of this rank
+/// runs, so a sleeping waiter would delay every step of a collective by its nap. Then sleeps
+/// 10 us doubling up to 1 ms, so a rank waiting seconds for a slow peer leaves the core free.
 template <class Done>
 bool poll_until(std::chrono::milliseconds limit, Done done) {
   if (done()) return true;
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   const auto deadline = start + limit;
-  const auto spin_until = start + std::chrono::microseconds(50);
-  auto nap = std::chrono::microseconds(1);
+  const auto spin_until = start + std::chrono::milliseconds(10);
+  auto nap = std::chrono::microseconds(10);
   for (;;) {
     if (done()) return true;
     const auto now = clock::now();
