@@ -1,6 +1,7 @@
 // llama-train: pretrain a LLaMA on token shards, single rank, DeepSpeed-style config.
 // See trainer.hpp for the step and docs/training.md for the flags and the config keys.
 #include <common/cli.hpp>
+#include <common/fail_fast.hpp>
 #include "run.hpp"
 
 #include <cstdio>
@@ -91,7 +92,6 @@ int main(int argc, char** argv) {
   try {
     llama_train::run(o, llama_train::mpi_launch_rank() == 0 ? &std::cout : nullptr);  // under mpirun rank 0 prints
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "llama-train: error: %s\n", e.what());
-    return 1;
+    return examples::fail("llama-train", e.what());  // under mpirun: MPI_Abort, not a hang in MPI_Finalize
   }
 }

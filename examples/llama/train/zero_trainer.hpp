@@ -19,6 +19,7 @@
 #include <loom/comm/thread_comm.hpp>
 #include <loom/zero/engine.hpp>
 #ifdef LOOM_HAS_MPI
+#include <common/fail_fast.hpp>
 #include <loom/comm/mpi_comm.hpp>
 #include <mpi.h>
 #endif
@@ -151,8 +152,7 @@ inline train_result run_zero(const options& o, const loom::io::ds_config& c, std
       LOOM_CHECK(comm.size() == o.ranks, "llama-train: --ranks ", o.ranks, " differs from the ", comm.size(), " MPI processes");
       r = run_zero_on(comm, o, c, comm.rank() == 0 ? log : nullptr);
     } catch (const std::exception& e) {  // one failed process must not leave the others waiting
-      std::fprintf(stderr, "llama-train: error: %s\n", e.what());
-      MPI_Abort(MPI_COMM_WORLD, 1);
+      examples::fail("llama-train", e.what());
     }
     if (!init) MPI_Finalize();
     return r;

@@ -4,6 +4,8 @@
 // The corpus is the synthetic counting stream of train3d.hpp (learnable, the same for every
 // mesh, so runs on different meshes print the same losses).
 #include <common/cli.hpp>
+#include <common/fail_fast.hpp>
+#include <common/fault_inject.hpp>
 #include <common/batches.hpp>
 #include <common/loss_scaler.hpp>
 #include <common/zero_options.hpp>
@@ -271,6 +273,7 @@ int main(int argc, char** argv) {
         if (r == 0) std::printf("saved checkpoint %s\n", dir.c_str());
       };
       for (std::int64_t s = t.steps(); s < o.steps; ++s) {
+        if (examples::inject_fault(r, s)) return;  // test hook (LOOM_FAULT_INJECT)
         t.set_lr(schedule.lr(t.steps()));  // a skipped step does not advance the schedule (DeepSpeed)
         auto st = t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
           if (!loader)
@@ -329,7 +332,6 @@ int main(int argc, char** argv) {
     loom::comm::run_ranks(world, [&](loom::comm::thread_comm& comm) { body(comm, *mem[static_cast<std::size_t>(comm.rank())], "thread"); });
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "llama-train3d: %s\n", e.what());
-    return 1;
+    return examples::fail("llama-train3d", e.what());  // under mpirun: MPI_Abort, not a hang in MPI_Finalize
   }
 }

@@ -12,11 +12,10 @@
 // checks: its ranks share memory, the descriptors are free to compare, and an unchecked
 // mismatch there would be a buffer overrun.
 //
-// A timeout (set_timeout, or LOOM_COMM_TIMEOUT=<seconds>; 0 = none, the default) bounds how
-// long a checked collective waits for the other ranks before it throws; the communicator is
-// broken afterwards (further collectives throw).
+// The timeout (timeout.hpp) is separate: it bounds every wait, checked mode or not.
 
 #include <loom/comm/communicator.hpp>
+#include <loom/comm/timeout.hpp>
 #include <loom/core/dtype.hpp>
 #include <loom/core/error.hpp>
 
@@ -45,27 +44,11 @@ inline std::atomic<bool>& checked_flag() noexcept {
   static std::atomic<bool> flag{checked_default()};
   return flag;
 }
-inline std::atomic<std::int64_t>& timeout_ms_value() noexcept {
-  static std::atomic<std::int64_t> ms{[] {
-    const char* e = std::getenv("LOOM_COMM_TIMEOUT");
-    return e ? static_cast<std::int64_t>(std::atof(e) * 1000.0) : std::int64_t{0};
-  }()};
-  return ms;
-}
 }  // namespace detail
 
 /// Whether collectives first agree on (operation, count, element type, op, root). Process-wide.
 inline bool checked() noexcept { return detail::checked_flag().load(std::memory_order_relaxed); }
 inline void set_checked(bool on) noexcept { detail::checked_flag().store(on, std::memory_order_relaxed); }
-
-/// How long a checked collective waits for the other ranks; zero means forever.
-inline std::chrono::milliseconds timeout() noexcept {
-  return std::chrono::milliseconds(detail::timeout_ms_value().load(std::memory_order_relaxed));
-}
-inline void set_timeout(std::chrono::milliseconds t) {
-  LOOM_CHECK(t.count() >= 0, "set_timeout: timeout must be >= 0 ms, got ", t.count());
-  detail::timeout_ms_value().store(t.count(), std::memory_order_relaxed);
-}
 
 /// RAII switch for tests and tools: sets checked mode (and optionally a timeout) for a scope.
 class checked_scope {
@@ -76,7 +59,7 @@ class checked_scope {
   }
   ~checked_scope() {
     set_checked(old_on_);
-    detail::timeout_ms_value().store(old_t_.count());
+    set_timeout(old_t_);
   }
   checked_scope(const checked_scope&) = delete;
   checked_scope& operator=(const checked_scope&) = delete;
@@ -86,7 +69,7 @@ class checked_scope {
   std::chrono::milliseconds old_t_;
 };
 
-enum class call_kind : std::uint8_t { all_gather, reduce_scatter, all_reduce, broadcast, barrier, split };
+enum class call_kind : std::uint8_t { all_gather, reduce_scatter, all_reduce, broadcast, barrier, split, dup };
 
 constexpr std::string_view call_kind_name(call_kind k) noexcept {
   switch (k) {
@@ -96,6 +79,7 @@ constexpr std::string_view call_kind_name(call_kind k) noexcept {
     case call_kind::broadcast: return "broadcast";
     case call_kind::barrier: return "barrier";
     case call_kind::split: return "split";
+    case call_kind::dup: return "dup";
   }
   return "unknown";
 }
@@ -112,7 +96,7 @@ struct call_desc {
   static call_desc make(call_kind k, std::size_t count = 0, dtype t = dtype::u8, reduce_op op = reduce_op::sum, int root = 0) {
     call_desc d;
     d.kind = k;
-    if (k != call_kind::barrier && k != call_kind::split) {
+    if (k != call_kind::barrier && k != call_kind::split && k != call_kind::dup) {
       d.count = count;
       d.type = t;
     }
@@ -128,7 +112,7 @@ static_assert(std::is_trivially_copyable_v<call_desc>);
 inline std::string describe(const call_desc& d) {
   std::ostringstream os;
   os << call_kind_name(d.kind) << '(';
-  if (d.kind != call_kind::barrier && d.kind != call_kind::split) {
+  if (d.kind != call_kind::barrier && d.kind != call_kind::split && d.kind != call_kind::dup) {
     os << "count=" << d.count << ", " << dtype_name(d.type);
     if (d.kind == call_kind::reduce_scatter || d.kind == call_kind::all_reduce) os << ", " << reduce_op_name(d.op);
     if (d.kind == call_kind::broadcast) os << ", root=" << d.root;
@@ -145,6 +129,36 @@ inline std::string mismatch_message(std::string_view comm_name, std::span<const 
   std::ostringstream os;
   os << comm_name << ": ranks called different collectives:";
   for (std::size_t r = 0; r < calls.size(); ++r) os << (r ? "," : "") << " rank " << r << " called " << describe(calls[r]);
+  return os.str();
+}
+
+/// What a waiting rank is doing, for the message when it gives up: a collective (its
+/// call_desc) or a send/recv (count and type in `call`) with its peer and tag. Plain data,
+/// described only on failure, so the hot path builds no string.
+struct wait_site {
+  enum class kind : std::uint8_t { collective, send, recv };
+  call_desc call{};
+  kind what = kind::collective;
+  int peer = -1;  // send/recv: the other rank, in the group
+  int tag = 0;
+
+  static wait_site collective(const call_desc& d) { return {d, kind::collective, -1, 0}; }
+  static wait_site p2p(kind k, std::size_t count, dtype t, int peer, int tag) {
+    call_desc d;
+    d.count = count;
+    d.type = t;
+    return {d, k, peer, tag};
+  }
+};
+
+/// "all_reduce(count=8, float32, sum)", "send(count=8, float32) to rank 1 with tag 3",
+/// "recv(count=8, float32) from rank 1 with tag 3".
+inline std::string describe(const wait_site& w) {
+  if (w.what == wait_site::kind::collective) return describe(w.call);
+  const bool send = w.what == wait_site::kind::send;
+  std::ostringstream os;
+  os << (send ? "send" : "recv") << "(count=" << w.call.count << ", " << dtype_name(w.call.type) << ") "
+     << (send ? "to" : "from") << " rank " << w.peer << " with tag " << w.tag;
   return os.str();
 }
 

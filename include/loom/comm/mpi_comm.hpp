@@ -17,11 +17,17 @@
 //   MPI_FLOAT and round once (MPI has no 16-bit float reduction, and a user MPI_Op would round
 //   after every pairwise step). avg is MPI_SUM then a division by the group size.
 // - Checked mode (checked.hpp): before each collective the ranks all-gather a 24-byte
-//   call_desc; a mismatch throws on every rank naming each rank's call. With a timeout, the
-//   agreement is polled and gives up after the timeout: the rank throws, the communicator is
-//   marked broken (its later calls throw), and a peer that died or threw cannot hang it.
-//   In checked mode an async collective's agreement happens when it is issued (blocking
-//   until every rank issued it); the data transfer itself stays asynchronous.
+//   call_desc; a mismatch throws on every rank naming each rank's call. In checked mode an
+//   async collective's agreement happens when it is issued (blocking until every rank
+//   issued it); the data transfer itself stays asynchronous.
+// - Every wait is bounded by the timeout (timeout.hpp, on by default): a blocking MPI call
+//   cannot be interrupted, so while the timeout is set every blocking operation (collective,
+//   send, recv, barrier, the duplication in the constructor) is issued in its non-blocking
+//   form and polled against the deadline. Past it the rank throws loom::error naming the
+//   operation, itself, the peer (point-to-point) or the group's world ranks (collectives:
+//   MPI cannot tell which member is missing) and the timeout; the communicator is marked
+//   broken (its later calls throw), so a peer that died, threw or stopped cannot hang it.
+//   With the timeout 0 the blocking MPI calls are used as they are.
 // - Point-to-point follows MPI: a blocking send of a large message waits for its receiver,
 //   so exchanges should post recv_async first. A recv whose count differs from the message
 //   throws.
@@ -85,35 +91,68 @@ inline int mpi_count(std::size_t n, const char* what) {
   return static_cast<int>(n);
 }
 
+/// The world ranks of `c`'s members: "world ranks 0, 1, 2, 3" (for messages).
+inline std::string world_ranks_text(MPI_Comm c) {
+  MPI_Group g = MPI_GROUP_NULL, w = MPI_GROUP_NULL;
+  int n = 0;
+  if (MPI_Comm_group(c, &g) != MPI_SUCCESS || MPI_Comm_group(MPI_COMM_WORLD, &w) != MPI_SUCCESS ||
+      MPI_Group_size(g, &n) != MPI_SUCCESS)
+    return "world ranks unknown";
+  std::vector<int> mine(static_cast<std::size_t>(n)), world(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) mine[static_cast<std::size_t>(i)] = i;
+  std::string out = "world ranks";
+  if (MPI_Group_translate_ranks(g, n, mine.data(), w, world.data()) != MPI_SUCCESS) out += " unknown";
+  else
+    for (int i = 0; i < n; ++i) out += (i ? ", " : " ") + std::to_string(world[static_cast<std::size_t>(i)]);
+  MPI_Group_free(&g);
+  MPI_Group_free(&w);
+  return out;
+}
+
+/// Why a wait of rank `me` in `c` gave up after `limit`: the operation, the peer (point-to-
+/// point) or the group (collectives), and how to change the timeout.
+inline std::string mpi_timeout_message(MPI_Comm c, int me, const wait_site& site, std::chrono::milliseconds limit) {
+  int size = 0;
+  MPI_Comm_size(c, &size);
+  std::string m = "rank " + std::to_string(me) + " of a group of " + std::to_string(size) + " (" + world_ranks_text(c) +
+                  ") timed out after " + std::to_string(limit.count()) + " ms in " + describe(site) + " waiting for ";
+  if (site.what == wait_site::kind::collective)
+    m += "the other ranks of the group: one of them failed, returned, stopped or waits in another call ";
+  else
+    m += "rank " + std::to_string(site.peer) + ": it failed, returned, stopped or waits in another call ";
+  return m + timeout_hint(limit);
+}
+
+/// Polls `req` against the deadline `limit` from now; false when it passed first.
+inline bool mpi_poll(MPI_Request& req, MPI_Status& status, std::chrono::milliseconds limit) {
+  return poll_until(limit, [&] {
+    int flag = 0;
+    LOOM_MPI_CHECK(MPI_Test(&req, &flag, &status));
+    return flag != 0;
+  });
+}
+
 /// The communicator shared by copies of an mpi_comm and by its outstanding work.
 struct mpi_state {
   boost::mpi::communicator comm;
   std::string broken;  // non-empty once a timeout left the group in an unknown state
   MPI_Comm native() const { return static_cast<MPI_Comm>(comm); }
-  void check_usable(const std::string& what) const {
-    if (!broken.empty()) throw error("mpi_comm: " + what + " on a broken communicator: " + broken);
+  void check_usable(const wait_site& site) const {
+    if (!broken.empty()) throw error("mpi_comm: " + describe(site) + " on a broken communicator: " + broken);
   }
 };
 
-/// Polls `req` until it completes or the checked-mode timeout passes (then marks the state
-/// broken and throws). Without checked mode or timeout: MPI_Wait.
-inline void mpi_wait(mpi_state& s, MPI_Request& req, MPI_Status& status, const std::string& what) {
-  const auto limit = checked() ? timeout() : std::chrono::milliseconds(0);
+/// Waits for `req`: MPI_Wait when the timeout is 0, else polls until the deadline, then
+/// marks the state broken and throws.
+inline void mpi_wait(mpi_state& s, MPI_Request& req, MPI_Status& status, const wait_site& site) {
+  const auto limit = timeout();
   if (limit.count() == 0) {
     LOOM_MPI_CHECK(MPI_Wait(&req, &status));
     return;
   }
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (int flag = 0;;) {
-    LOOM_MPI_CHECK(MPI_Test(&req, &flag, &status));
-    if (flag) return;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      s.broken = "rank " + std::to_string(s.comm.rank()) + " timed out after " + std::to_string(limit.count()) + " ms in " +
-                 what + " waiting for the other ranks of the group (size " + std::to_string(s.comm.size()) + ")";
-      throw error("mpi_comm: " + s.broken);
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+  if (mpi_poll(req, status, limit)) return;
+  s.broken = mpi_timeout_message(s.native(), s.comm.rank(), site, limit);
+  throw error("mpi_comm: " + s.broken);
 }
 
 /// What remains to do once the MPI transfer completed: round widened values back, divide for
@@ -156,7 +195,7 @@ struct mpi_job {
 /// An outstanding MPI operation with its follow-up.
 struct mpi_work final : work_state {
   std::shared_ptr<mpi_state> state;
-  std::string what;
+  wait_site what;
   MPI_Request req = MPI_REQUEST_NULL;
   mpi_job job;
   bool finished = false;
@@ -166,7 +205,7 @@ struct mpi_work final : work_state {
   mpi_work& operator=(const mpi_work&) = delete;
   // A dropped handle still completes its operation (MPI forbids freeing an active collective
   // request, and MPI would otherwise write into buffers the caller may free): wait quietly,
-  // bounded by the checked-mode timeout.
+  // bounded by the timeout.
   ~mpi_work() override {
     if (finished || req == MPI_REQUEST_NULL || !state->broken.empty()) return;
     try {
@@ -203,13 +242,25 @@ class mpi_comm : public collective_api<mpi_comm> {
  public:
   /// A duplicate of MPI_COMM_WORLD.
   static mpi_comm world() { return mpi_comm(MPI_COMM_WORLD); }
-  /// A duplicate of `c` (the caller keeps ownership of c).
+  /// A duplicate of `c` (the caller keeps ownership of c). Collective over c, bounded by the
+  /// timeout.
   explicit mpi_comm(MPI_Comm c) : s_(std::make_shared<detail::mpi_state>()) {
     int init = 0;
     LOOM_MPI_CHECK(MPI_Initialized(&init));
     LOOM_CHECK(init, "mpi_comm: MPI is not initialised (call MPI_Init_thread or create a boost::mpi::environment first)");
     MPI_Comm dup = MPI_COMM_NULL;
-    LOOM_MPI_CHECK(MPI_Comm_dup(c, &dup));
+    if (const auto limit = timeout(); limit.count() > 0) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      MPI_Status status{};
+      LOOM_MPI_CHECK(MPI_Comm_idup(c, &dup, &req));
+      if (!detail::mpi_poll(req, status, limit)) {
+        int me = 0;
+        MPI_Comm_rank(c, &me);
+        throw error("mpi_comm: " + detail::mpi_timeout_message(c, me, wait_site::collective(call_desc::make(call_kind::dup)), limit));
+      }
+    } else {
+      LOOM_MPI_CHECK(MPI_Comm_dup(c, &dup));
+    }
     adopt(dup);
   }
   explicit mpi_comm(const boost::mpi::communicator& c) : mpi_comm(static_cast<MPI_Comm>(c)) {}
@@ -218,18 +269,20 @@ class mpi_comm : public collective_api<mpi_comm> {
   int size() const { return s_->comm.size(); }
   MPI_Comm native() const { return s_->native(); }
   const boost::mpi::communicator& boost_comm() const { return s_->comm; }
-  /// Non-empty when a checked-mode timeout broke the communicator.
+  /// Non-empty when a timeout broke the communicator.
   const std::string& broken_reason() const { return s_->broken; }
 
   void barrier() {
-    const bool agreed = agree(call_desc::make(call_kind::barrier));
-    if (!agreed) LOOM_MPI_CHECK(MPI_Barrier(native()));  // the agreement already synchronised
+    if (agree(call_desc::make(call_kind::barrier))) return;  // the agreement already synchronised
+    sync_all(call_kind::barrier);
   }
 
   /// Ranks with the same color form a new group, ordered by (key, rank). color must be >= 0.
   mpi_comm split(int color, int key) {
     LOOM_CHECK(color >= 0, "split: color=", color, " must be >= 0");
-    agree(call_desc::make(call_kind::split));
+    // MPI_Comm_split has no non-blocking form: first make sure (agreement or a bounded
+    // barrier) that every rank arrived, so the split itself cannot wait on a missing one.
+    if (!agree(call_desc::make(call_kind::split))) sync_all(call_kind::split);
     MPI_Comm nc = MPI_COMM_NULL;
     LOOM_MPI_CHECK(MPI_Comm_split(native(), color, key, &nc));
     return mpi_comm(nc, adopt_tag{});
@@ -239,15 +292,14 @@ class mpi_comm : public collective_api<mpi_comm> {
   /// and breaks the communicator after the timeout). Returns whether an agreement took
   /// place (false when checked mode is off). nccl_comm agrees through its bootstrap mpi_comm.
   bool agree(const call_desc& d) {
-    if (!s_->broken.empty()) s_->check_usable(describe(d));
+    s_->check_usable(wait_site::collective(d));
     if (!checked()) return false;  // the unchecked path builds no strings: it is the hot path
-    const std::string what = describe(d);
     const int p = size();
     std::vector<call_desc> all(static_cast<std::size_t>(p));
     MPI_Request req = MPI_REQUEST_NULL;
     LOOM_MPI_CHECK(MPI_Iallgather(&d, sizeof(call_desc), MPI_BYTE, all.data(), sizeof(call_desc), MPI_BYTE, native(), &req));
     MPI_Status status{};
-    detail::mpi_wait(*s_, req, status, what);
+    detail::mpi_wait(*s_, req, status, wait_site::collective(d));
     const std::string mm = mismatch_message("mpi_comm", all);
     if (!mm.empty()) throw error(mm);
     return true;
@@ -262,15 +314,32 @@ class mpi_comm : public collective_api<mpi_comm> {
     s_->comm = boost::mpi::communicator(owned, boost::mpi::comm_take_ownership);
   }
 
-  work done(detail::mpi_job& job, MPI_Request req, bool async, const call_desc& d) {
+  /// Whether blocking operations take the non-blocking form and poll (the timeout is set).
+  static bool bounded() { return timeout().count() > 0; }
+
+  /// A barrier, bounded by the timeout when one is set.
+  void sync_all(call_kind k) {
+    if (!bounded()) {
+      LOOM_MPI_CHECK(MPI_Barrier(native()));
+      return;
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    LOOM_MPI_CHECK(MPI_Ibarrier(native(), &req));
+    MPI_Status status{};
+    detail::mpi_wait(*s_, req, status, wait_site::collective(call_desc::make(k)));
+  }
+
+  // Completes an operation: a blocking one that was issued non-blocking (req set) is waited
+  // for here, against the timeout; an async one becomes `work`.
+  work done(detail::mpi_job& job, MPI_Request req, bool async, const wait_site& site, MPI_Status status = {}) {
     if (!async) {
-      MPI_Status status{};
+      if (req != MPI_REQUEST_NULL) detail::mpi_wait(*s_, req, status, site);
       job.finish(status);
       return {};
     }
     auto w = std::make_shared<detail::mpi_work>();
     w->state = s_;
-    w->what = describe(d);
+    w->what = site;
     w->req = req;
     w->job = std::move(job);
     return work(std::move(w));
@@ -308,12 +377,12 @@ class mpi_comm : public collective_api<mpi_comm> {
                           ? MPI_IN_PLACE : in;
     const MPI_Datatype mt = detail::mpi_datatype(t);
     MPI_Request req = MPI_REQUEST_NULL;
-    if (async)
+    if (async || bounded())
       LOOM_MPI_CHECK(MPI_Iallgather(src, c, mt, out, c, mt, native(), &req));
     else
       LOOM_MPI_CHECK(MPI_Allgather(src, c, mt, out, c, mt, native()));
     detail::mpi_job job;
-    return done(job, req, async, d);
+    return done(job, req, async, wait_site::collective(d));
   }
 
   work start_reduce_scatter(const void* in, void* out, std::size_t n, dtype t, reduce_op op, bool async) {
@@ -327,11 +396,11 @@ class mpi_comm : public collective_api<mpi_comm> {
     void* dst = w ? job.wide_out.data() : out;
     const MPI_Datatype mt = w ? MPI_FLOAT : detail::mpi_datatype(t);
     MPI_Request req = MPI_REQUEST_NULL;
-    if (async)
+    if (async || bounded())
       LOOM_MPI_CHECK(MPI_Ireduce_scatter_block(src, dst, c, mt, detail::mpi_reduce_op(op), native(), &req));
     else
       LOOM_MPI_CHECK(MPI_Reduce_scatter_block(src, dst, c, mt, detail::mpi_reduce_op(op), native()));
-    return done(job, req, async, d);
+    return done(job, req, async, wait_site::collective(d));
   }
 
   work start_all_reduce(const void* in, void* out, std::size_t n, dtype t, reduce_op op, bool async) {
@@ -344,11 +413,11 @@ class mpi_comm : public collective_api<mpi_comm> {
     void* dst = w ? job.wide_out.data() : out;
     const MPI_Datatype mt = w ? MPI_FLOAT : detail::mpi_datatype(t);
     MPI_Request req = MPI_REQUEST_NULL;
-    if (async)
+    if (async || bounded())
       LOOM_MPI_CHECK(MPI_Iallreduce(src, dst, c, mt, detail::mpi_reduce_op(op), native(), &req));
     else
       LOOM_MPI_CHECK(MPI_Allreduce(src, dst, c, mt, detail::mpi_reduce_op(op), native()));
-    return done(job, req, async, d);
+    return done(job, req, async, wait_site::collective(d));
   }
 
   work start_broadcast(void* buf, std::size_t n, dtype t, int root, bool async) {
@@ -356,28 +425,30 @@ class mpi_comm : public collective_api<mpi_comm> {
     agree(d);
     const int c = detail::mpi_count(n, "broadcast");
     MPI_Request req = MPI_REQUEST_NULL;
-    if (async)
+    if (async || bounded())
       LOOM_MPI_CHECK(MPI_Ibcast(buf, c, detail::mpi_datatype(t), root, native(), &req));
     else
       LOOM_MPI_CHECK(MPI_Bcast(buf, c, detail::mpi_datatype(t), root, native()));
     detail::mpi_job job;
-    return done(job, req, async, d);
+    return done(job, req, async, wait_site::collective(d));
   }
 
   work start_send(const void* in, std::size_t n, dtype t, int peer, int tag, bool async) {
-    s_->check_usable("send");
+    const auto site = wait_site::p2p(wait_site::kind::send, n, t, peer, tag);
+    s_->check_usable(site);
     const int c = detail::mpi_count(n, "send");
     MPI_Request req = MPI_REQUEST_NULL;
-    if (async)
+    if (async || bounded())
       LOOM_MPI_CHECK(MPI_Isend(in, c, detail::mpi_datatype(t), peer, tag, native(), &req));
     else
       LOOM_MPI_CHECK(MPI_Send(in, c, detail::mpi_datatype(t), peer, tag, native()));
     detail::mpi_job job;
-    return done(job, req, async, call_desc{});
+    return done(job, req, async, site);
   }
 
   work start_recv(void* out, std::size_t n, dtype t, int peer, int tag, bool async) {
-    s_->check_usable("recv");
+    const auto site = wait_site::p2p(wait_site::kind::recv, n, t, peer, tag);
+    s_->check_usable(site);
     const int c = detail::mpi_count(n, "recv");
     detail::mpi_job job;
     job.type = t;
@@ -386,14 +457,12 @@ class mpi_comm : public collective_api<mpi_comm> {
     job.peer = peer;
     job.tag = tag;
     MPI_Request req = MPI_REQUEST_NULL;
-    if (async) {
-      LOOM_MPI_CHECK(MPI_Irecv(out, c, detail::mpi_datatype(t), peer, tag, native(), &req));
-      return done(job, req, true, call_desc{});
-    }
     MPI_Status status{};
-    LOOM_MPI_CHECK(MPI_Recv(out, c, detail::mpi_datatype(t), peer, tag, native(), &status));
-    job.finish(status);
-    return {};
+    if (async || bounded())
+      LOOM_MPI_CHECK(MPI_Irecv(out, c, detail::mpi_datatype(t), peer, tag, native(), &req));
+    else
+      LOOM_MPI_CHECK(MPI_Recv(out, c, detail::mpi_datatype(t), peer, tag, native(), &status));
+    return done(job, req, async, site, status);
   }
 
   std::shared_ptr<detail::mpi_state> s_;

@@ -32,7 +32,9 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -90,9 +92,9 @@ struct nccl_state {
     LOOM_NCCL_CHECK(ncclCommGetAsyncError(comm, &async_rc));
     LOOM_NCCL_CHECK(async_rc);
   }
-  /// Waits for `ev` (checked-mode timeout: polls, then aborts NCCL and breaks the communicator).
+  /// Waits for `ev` (past the timeout: aborts NCCL and breaks the communicator).
   void wait_event(cudaEvent_t ev, const std::string& what) {
-    const auto limit = checked() ? timeout() : std::chrono::milliseconds(0);
+    const auto limit = timeout();
     const auto deadline = std::chrono::steady_clock::now() + limit;
     for (;;) {
       const cudaError_t q = cudaEventQuery(ev);
@@ -100,8 +102,9 @@ struct nccl_state {
       if (q != cudaErrorNotReady) LOOM_CUDA_CHECK(q);
       check_async_error();
       if (limit.count() > 0 && std::chrono::steady_clock::now() >= deadline) {
-        broken = "rank " + std::to_string(boot.rank()) + " timed out after " + std::to_string(limit.count()) +
-                 " ms waiting for " + what;
+        broken = "rank " + std::to_string(boot.rank()) + " of a group of " + std::to_string(boot.size()) + " timed out after " +
+                 std::to_string(limit.count()) + " ms waiting for " + what + ": a rank of the group failed, returned, " +
+                 "stopped or waits in another call " + timeout_hint(limit);
         (void)ncclCommAbort(comm);
         comm = nullptr;
         throw error("nccl_comm: " + broken);
@@ -162,7 +165,7 @@ class nccl_comm : public collective_api<nccl_comm> {
     }
     ncclUniqueId id{};
     if (boot.rank() == 0) LOOM_NCCL_CHECK(ncclGetUniqueId(&id));
-    LOOM_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, boot.native()));
+    s_->boot.broadcast(std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(&id), sizeof(id)), 0);  // bounded by the timeout
     LOOM_NCCL_CHECK(ncclCommInitRank(&s_->comm, boot.size(), id, boot.rank()));
   }
 
@@ -234,11 +237,11 @@ class nccl_comm : public collective_api<nccl_comm> {
     const auto d = call_desc::make(call_kind::broadcast, n, t, reduce_op::sum, root);
     return run(&d, describe(d), async, [&] { LOOM_NCCL_CHECK(ncclBroadcast(buf, buf, n, detail::nccl_datatype(t), root, s_->comm, s_->stream)); });
   }
-  work start_send(const void* in, std::size_t n, dtype t, int peer, int /*tag*/, bool async) {
-    return run(nullptr, "send", async, [&] { LOOM_NCCL_CHECK(ncclSend(in, n, detail::nccl_datatype(t), peer, s_->comm, s_->stream)); });
+  work start_send(const void* in, std::size_t n, dtype t, int peer, int tag, bool async) {
+    return run(nullptr, describe(wait_site::p2p(wait_site::kind::send, n, t, peer, tag)), async, [&] { LOOM_NCCL_CHECK(ncclSend(in, n, detail::nccl_datatype(t), peer, s_->comm, s_->stream)); });
   }
-  work start_recv(void* out, std::size_t n, dtype t, int peer, int /*tag*/, bool async) {
-    return run(nullptr, "recv", async, [&] { LOOM_NCCL_CHECK(ncclRecv(out, n, detail::nccl_datatype(t), peer, s_->comm, s_->stream)); });
+  work start_recv(void* out, std::size_t n, dtype t, int peer, int tag, bool async) {
+    return run(nullptr, describe(wait_site::p2p(wait_site::kind::recv, n, t, peer, tag)), async, [&] { LOOM_NCCL_CHECK(ncclRecv(out, n, detail::nccl_datatype(t), peer, s_->comm, s_->stream)); });
   }
 
   std::shared_ptr<detail::nccl_state> s_;

@@ -16,8 +16,10 @@
 //   waiting in (or later entering) a collective, a barrier or a recv throws loom::error
 //   naming the failed rank. A rank that returns while others wait for it in a collective
 //   makes them throw too. The descriptors posted in barrier 1 are always compared (shared
-//   memory makes it free), so mismatched collectives throw on every rank; in checked mode a
-//   timeout (checked.hpp) bounds every wait. run_ranks rethrows the first failure.
+//   memory makes it free), so mismatched collectives throw on every rank. The timeout
+//   (timeout.hpp, on by default) bounds every wait, so a rank that is stopped or stuck
+//   elsewhere makes the others throw naming the ranks that did not arrive, and aborts the
+//   world. run_ranks rethrows the first failure.
 // - Async forms run on a per-communicator worker thread (started on first use) in issue
 //   order, so `work` genuinely overlaps with the caller's compute. A blocking collective
 //   first waits for this communicator's queued async work, keeping the per-rank order that
@@ -62,13 +64,16 @@ namespace detail {
 
 /// State shared by every group of one run_ranks world (one lock, one condition variable).
 struct thread_world {
-  explicit thread_world(int n) : exited(static_cast<std::size_t>(n), 0) {}
+  explicit thread_world(int n) : exited(static_cast<std::size_t>(n), 0), waiting_in(static_cast<std::size_t>(n)) {}
   std::mutex m;
   std::condition_variable cv;
   bool aborted = false;
   std::string reason;
   int culprit = -1;  // world rank whose failure aborted the world (-1: none or unknown)
   std::vector<char> exited;  // by world rank: returned from its run_ranks function
+  // by world rank: what it waits in now (null: in none of thread_comm's waits), so a rank
+  // that gives up can say what the ranks it waited for were doing
+  std::vector<const std::string*> waiting_in;
 
   void abort_locked(const std::string& why, int world_rank = -1) {
     if (!aborted) {
@@ -128,15 +133,24 @@ struct thread_group {
   std::vector<std::deque<std::shared_ptr<thread_posted_recv>>> posted;
 };
 
-inline std::string thread_rank_list(const thread_group& g, bool want_present) {
-  std::ostringstream os;
+/// The ranks a timed-out wait waited for ([peer], or the ranks not yet in the rendezvous)
+/// and what each of them is doing: "[1, 2] (rank 1 is in no wait of thread_comm: busy,
+/// stopped or stuck elsewhere; rank 2 waits in recv(...) from rank 1 with tag 7)".
+inline std::string thread_missing(const thread_group& g, int peer) {
+  std::ostringstream list, doing;
   bool first = true;
-  for (int i = 0; i < g.size(); ++i)
-    if ((g.present[static_cast<std::size_t>(i)] != 0) == want_present) {
-      os << (first ? "" : ", ") << i;
-      first = false;
-    }
-  return os.str();
+  for (int i = 0; i < g.size(); ++i) {
+    if (peer >= 0 ? i != peer : g.present[static_cast<std::size_t>(i)] != 0) continue;
+    const std::string* in = g.world->waiting_in[static_cast<std::size_t>(g.members[static_cast<std::size_t>(i)])];
+    list << (first ? "" : ", ") << i;
+    doing << (first ? "" : "; ") << "rank " << i;
+    if (in)
+      doing << " waits in " << *in;
+    else
+      doing << " is in no wait of thread_comm: busy, stopped or stuck elsewhere";
+    first = false;
+  }
+  return "[" + list.str() + "] (" + doing.str() + ")";
 }
 
 /// Throws if the world was aborted; otherwise, when a rank this wait depends on (`peer`, or
@@ -154,21 +168,27 @@ inline void thread_check_alive(thread_group& g, int me, const std::string& what,
 }
 
 /// Waits on the world's condition variable until `done()`. When `interruptible`, throws
-/// loom::error if the world is aborted, a member exits, or the checked-mode timeout passes
-/// (which aborts the world). Caller holds lk.
+/// loom::error if the world is aborted, a member exits, or the timeout passes (which aborts
+/// the world). Caller holds lk.
 template <class Done>
 void thread_wait(std::unique_lock<std::mutex>& lk, thread_group& g, int me, bool interruptible, const std::string& what,
                  Done done, int peer = -1) {
   thread_world& w = *g.world;
-  const auto limit = checked() ? timeout() : std::chrono::milliseconds(0);
+  const auto limit = timeout();
   const auto deadline = std::chrono::steady_clock::now() + limit;
+  struct mark {  // what this rank waits in, for the others' messages; restored however it leaves
+    const std::string*& slot;
+    const std::string* old;
+    ~mark() { slot = old; }
+  } waiting{w.waiting_in[static_cast<std::size_t>(g.members[static_cast<std::size_t>(me)])],
+            w.waiting_in[static_cast<std::size_t>(g.members[static_cast<std::size_t>(me)])]};
+  if (interruptible) waiting.slot = &what;
   while (!done()) {
     if (interruptible) {
       thread_check_alive(g, me, what, peer);
       if (limit.count() > 0 && std::chrono::steady_clock::now() >= deadline) {
-        w.abort_locked("rank " + std::to_string(me) + " timed out after " + std::to_string(limit.count()) +
-                       " ms in " + what + " waiting for ranks [" +
-                       (peer >= 0 ? std::to_string(peer) : thread_rank_list(g, false)) + "]");
+        w.abort_locked("rank " + std::to_string(me) + " timed out after " + std::to_string(limit.count()) + " ms in " +
+                           what + " waiting for rank(s) " + thread_missing(g, peer) + " " + timeout_hint(limit));
         throw error("thread_comm: " + w.reason);
       }
       if (limit.count() > 0)
@@ -228,8 +248,7 @@ inline void thread_sync(thread_group& g, int me) {
 inline void thread_posted_recv::wait() {
   thread_world& w = *group->world;
   std::unique_lock lk(w.m);
-  const std::string what = "recv(count=" + std::to_string(count) + ", " + std::string(dtype_name(type)) +
-                           ", peer=" + std::to_string(src) + ", tag=" + std::to_string(tag) + ")";
+  const std::string what = describe(wait_site::p2p(wait_site::kind::recv, count, type, src, tag));
   try {
     thread_wait(lk, *group, me, true, what, [&] { return done; }, src);
   } catch (...) {
@@ -247,7 +266,9 @@ inline bool thread_posted_recv::test() {
     if (!failure.empty()) throw error(failure);
     return true;
   }
-  if (w.aborted) throw error("thread_comm: recv on rank " + std::to_string(me) + " failed: " + w.reason);
+  if (w.aborted)
+    throw error("thread_comm: " + describe(wait_site::p2p(wait_site::kind::recv, count, type, src, tag)) + " on rank " +
+                std::to_string(me) + " failed: " + w.reason);
   return false;
 }
 
@@ -518,7 +539,9 @@ class thread_comm : public collective_api<thread_comm> {
     // Buffered: complete when this returns, so the async form is the blocking one.
     detail::thread_group& g = *g_;
     std::unique_lock lk(g.world->m);
-    if (g.world->aborted) throw error("thread_comm: send on rank " + std::to_string(rank_) + " failed: " + g.world->reason);
+    if (g.world->aborted)
+      throw error("thread_comm: " + describe(wait_site::p2p(wait_site::kind::send, n, t, peer, tag)) + " on rank " +
+                  std::to_string(rank_) + " failed: " + g.world->reason);
     auto& posted = g.posted[static_cast<std::size_t>(peer)];
     const auto it = std::find_if(posted.begin(), posted.end(), [&](const auto& p) { return p->src == rank_ && p->tag == tag; });
     if (it != posted.end()) {
@@ -545,7 +568,9 @@ class thread_comm : public collective_api<thread_comm> {
     std::shared_ptr<detail::thread_posted_recv> p;
     {
       std::unique_lock lk(g.world->m);
-      if (g.world->aborted) throw error("thread_comm: recv on rank " + std::to_string(rank_) + " failed: " + g.world->reason);
+      if (g.world->aborted)
+        throw error("thread_comm: " + describe(wait_site::p2p(wait_site::kind::recv, n, t, peer, tag)) + " on rank " +
+                    std::to_string(rank_) + " failed: " + g.world->reason);
       auto& box = g.unexpected[static_cast<std::size_t>(rank_)];
       const auto it = std::find_if(box.begin(), box.end(), [&](const auto& m) { return m.src == peer && m.tag == tag; });
       if (it != box.end()) {
