@@ -1,5 +1,5 @@
 #pragma once
-// Data-parallel LLaMA training with ZeRO: `llama-train --ranks N` (thread ranks), or the
+// llama-train's training run: `llama-train --ranks N` (thread ranks; N = 1 by default), or the
 // same binary under `mpirun -np N` (MPI processes, when built with loom::mpi).
 //
 // This is the mesh trainer (train3d/train3d.hpp) at dp = N, tp = pp = 1: one trainer, the
@@ -7,15 +7,17 @@
 // configured stage partitions them (stage 3 gathers one decoder block at a time, with the
 // config's prefetch bucket and live-parameters cap), and the model's layers reading their
 // parameters from the engine. What this file adds is llama-train's side: the ds_config's
-// options, the data (examples/common/batches.hpp: the same micro-batches as the single-rank
-// trainer, in the same order), the lr schedule and llama-train's progress lines.
+// options, the data (examples/common/batches.hpp: micro-batch g of step t is batch t G + g,
+// whatever the number of ranks), the lr schedule, --save/--resume (sharded checkpoints) and
+// llama-train's progress lines.
 
 #include "trainer.hpp"  // options, results, progress_line
 
 #include <common/batches.hpp>
 #include <common/loss_scaler.hpp>
 #include <common/zero_options.hpp>
-#include <llama/train3d/train3d.hpp>
+#include <llama/train3d/checkpoint.hpp>
+#include <loom/comm/self_comm.hpp>
 #include <loom/comm/thread_comm.hpp>
 #include <loom/zero/engine.hpp>
 #ifdef LOOM_HAS_MPI
@@ -71,7 +73,13 @@ train_result run_zero_rank(C& comm, const options& o, const loom::io::ds_config&
   const auto sched = c.lr_schedule();
   train_result res;
   res.parameter_count = static_cast<std::int64_t>(t.model().layout().parameter_count());
-  for (std::int64_t s = 1; s <= o.steps; ++s) {
+  if (!o.resume.empty()) llama3d::load_checkpoint(t, o.resume);
+  LOOM_CHECK(o.steps >= t.steps(), "llama-train: --steps ", o.steps, " is below the resumed checkpoint's step ", t.steps());
+  if (rank == 0 && log)
+    *log << "parameters " << res.parameter_count
+         << (o.resume.empty() ? "" : ", resumed from " + llama3d::resolve_checkpoint(o.resume) + " at step " + std::to_string(t.steps()))
+         << std::endl;
+  for (std::int64_t s = t.steps() + 1; s <= o.steps; ++s) {
     const float lr = sched.lr(t.steps());  // a skipped step does not advance the schedule (DeepSpeed)
     t.set_lr(lr);
     const auto st = t.step(data);
@@ -85,6 +93,21 @@ train_result run_zero_rank(C& comm, const options& o, const loom::io::ds_config&
     if (rank == 0 && log && (s % o.print_every == 0 || s == o.steps))
       *log << progress_line(r, o.steps, c.precision() == loom::dtype::f16) << " | rank0" << std::endl;
     res.steps.push_back(r);
+  }
+  if (rank == 0 && log && res.steps.size() > 1) {  // the first step pays for allocations and cold caches
+    double sec = 0, tok = 0, fl = 0;
+    for (std::size_t i = 1; i < res.steps.size(); ++i) {
+      const auto& r = res.steps[i];
+      sec += r.seconds, tok += r.tokens_per_s * r.seconds, fl += r.flops_per_s * r.seconds;
+    }
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "mean over steps 2-%zu: %.0f tok/s, %.3f GFLOP/s, %.1f ms/step", res.steps.size(), tok / sec,
+                  fl / sec * 1e-9, 1e3 * sec / static_cast<double>(res.steps.size() - 1));
+    *log << buf << std::endl;
+  }
+  if (!o.save.empty()) {
+    const std::string dir = llama3d::save_checkpoint(t, o.save);
+    if (rank == 0 && log) *log << "saved checkpoint " << dir << " at step " << t.steps() << std::endl;
   }
   res.params = t.consolidated_master();
   res.parameter_peak_bytes = params.peak_bytes();
@@ -130,8 +153,6 @@ train_result run_zero_on(C& comm, const options& o, const loom::io::ds_config& c
 /// mpirun (o.ranks is then the process count), else on o.ranks thread ranks. Returns this
 /// process's rank-0 result (MPI: each process's own).
 inline train_result run_zero(const options& o, const loom::io::ds_config& c, std::ostream* log) {
-  LOOM_CHECK(o.resume.empty() && o.save.empty(), "llama-train: --save/--resume are single-rank only for now (--ranks ",
-             o.ranks, ")");
   // offload_param: DeepSpeed moves the fp16 parameters from the GPU to host memory; on the
   // host backend they live in host memory already, so "cpu" holds by construction (the
   // parser refuses "nvme" for parameters; docs/training.md).
@@ -158,6 +179,10 @@ inline train_result run_zero(const options& o, const loom::io::ds_config& c, std
     return r;
   }
 #endif
+  if (o.ranks == 1) {  // one rank: collectives are copies or nothing, no thread is started
+    loom::comm::self_comm comm;
+    return run_zero_on(comm, o, c, log);
+  }
   train_result out;
   loom::comm::run_ranks(o.ranks, [&](loom::comm::thread_comm& comm) {
     train_result r = run_zero_on(comm, o, c, log);
