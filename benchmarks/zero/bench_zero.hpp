@@ -1,6 +1,6 @@
 #pragma once
 // Shared by loom-bench-zero (thread ranks) and loom-bench-zero-mpi (mpirun): one ZeRO
-// training step of a layered model (tests/zero's toy MLP: L tanh layers of width D, explicit
+// training step of a layered model (examples/zero's toy MLP: L tanh layers of width D, explicit
 // per-layer backward) per stage. Per configuration, from rank 0:
 //   step ms             median wall time of a training step (overlap_comm on); medians
 //                       throughout, as ranks may share cores with other work
@@ -14,7 +14,7 @@
 #include <loom/comm/communicator.hpp>
 #include <loom/zero/engine.hpp>
 
-#include "support/toy_model.hpp"
+#include <zero/toy_mlp.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -92,10 +92,10 @@ result measure(C& c, const args& a, bool overlap) {
   o.overlap_comm = overlap;
   o.stage3 = {2 * layer, 4 * layer, D};
   loom::host_memory_resource states("states"), scratch("scratch"), host("host");
-  loom::test::toy_mlp model(a.layers, D);
+  examples::toy_mlp model(a.layers, D);
   loom::zero::engine<Stage, float, C> e(
-      c, loom::zero::flat_layout(loom::test::toy_mlp::specs(a.layers, D), std::size_t(c.size())), o, {&states, &scratch, &host},
-      [D](std::size_t p, std::size_t first, std::span<float> v) { loom::test::toy_mlp::init(D, p, first, v); });
+      c, loom::zero::flat_layout(examples::toy_mlp::specs(a.layers, D), std::size_t(c.size())), o, {&states, &scratch, &host},
+      [D](std::size_t p, std::size_t first, std::span<float> v) { examples::toy_mlp::init(D, p, first, v); });
   const std::size_t warm = 2;
   std::vector<double> step_s, reduce_s, gather_s;  // per measured step
   for (std::size_t s = 0; s < warm + a.steps; ++s) {

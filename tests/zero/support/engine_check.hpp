@@ -5,7 +5,7 @@
 #include <loom/comm/communicator.hpp>
 #include <loom/zero/engine.hpp>
 
-#include "toy_model.hpp"
+#include <zero/toy_mlp.hpp>
 
 #include <doctest/doctest.h>
 
@@ -14,6 +14,8 @@
 #include <vector>
 
 namespace loom::test {
+
+using examples::toy_mlp;
 
 constexpr std::size_t kLayers = 3, kWidth = 12, kBatch = 8, kSteps = 20;
 const zero::adamw_config kAdam{0.01f, 0.9f, 0.999f, 1e-8f, 0.01f};

@@ -1,8 +1,8 @@
 #pragma once
-// A toy layered model for the ZeRO tests: L tanh layers y = tanh(W x + b) (the last one
-// linear), width D, loss 0.5 * mean over samples of |y - target|^2. Forward and backward are
-// written out by hand; the gradient is checked against finite differences in
-// toy_model_test.cpp. Data come from the counter-based RNG by global sample index, so any
+// A toy layered model, the smallest zero::layered_model: L tanh layers y = tanh(W x + b) (the
+// last one linear), width D, loss 0.5 * mean over samples of |y - target|^2. Forward and
+// backward are written out by hand; the ZeRO tests check its gradient against finite
+// differences and train it on every stage; loom-bench-zero times it. Data come from the counter-based RNG by global sample index, so any
 // data-parallel split sees the same global batch.
 
 #include <loom/core/random.hpp>
@@ -14,7 +14,11 @@
 #include <string>
 #include <vector>
 
-namespace loom::test {
+namespace examples {
+
+namespace zero = loom::zero;
+using loom::counter_rng;
+using loom::index_t;
 
 class toy_mlp {
  public:
@@ -109,4 +113,4 @@ class toy_mlp {
   float loss_ = 0.f;
 };
 
-}  // namespace loom::test
+}  // namespace examples
