@@ -41,7 +41,7 @@ case "$mode" in
   tsan)
     dir=build-tsan
     tests=(core_thread_pool_test comm_thread_comm_test comm_mesh_test sched_all_gather_test sched_reduce_scatter_test
-           kv_scheduler_test zero_engine_test pipeline_executor_test)
+           kv_scheduler_test zero_engine_test pipeline_executor_test comm_fault_thread_test)
     cmake -S . -B "$dir" "${common[@]}" -DLOOM_SANITIZE=thread -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_ENABLE_MPI=OFF >/dev/null
     cmake --build "$dir" -j "$jobs" --target "${tests[@]}"
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
