@@ -4,24 +4,13 @@
 #include <loom/core/tensor_view.hpp>
 
 #include <doctest/doctest.h>
+#include <support/error_of.hpp>
 
 #include <numeric>
 #include <string>
 #include <vector>
 
-namespace {
-// Runs f and returns the loom::error message (fails the test when nothing is thrown).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const loom::error& e) {
-    return e.what();
-  }
-  FAIL("expected loom::error");
-  return {};
-}
-}  // namespace
+using loom::test::error_of;  // "" when nothing is thrown: every check below then fails
 
 TEST_CASE("tensor_view indexing matches row-major offsets") {
   std::vector<int> data(2 * 3 * 4);
