@@ -218,9 +218,10 @@ class checkpoint_reader {
  public:
   explicit checkpoint_reader(const std::string& path) : dir_(resolve_checkpoint(path)), what_("checkpoint '" + dir_ + "'") {
     {
-      std::ifstream f(dir_ + "/manifest.json");
-      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      manifest_ = loom::data::parse_json_input(text, what_ + ": manifest.json");
+      // one entry per tensor: a few hundred bytes each; a larger file is not a manifest
+      const std::vector<char> text = loom::io::detail::read_file_bytes(dir_ + "/manifest.json");
+      LOOM_CHECK(text.size() <= (std::size_t{64} << 20), what_, ": manifest.json has ", text.size(), " bytes (limit 64 MiB)");
+      manifest_ = loom::data::parse_json_input(std::string_view(text.data(), text.size()), what_ + ": manifest.json");
     }
     LOOM_CHECK(manifest_.is_object() && manifest_.value("format", "") == detail::checkpoint_format, what_,
                ": manifest.json is not a ", detail::checkpoint_format, " manifest");
@@ -239,8 +240,9 @@ class checkpoint_reader {
       for (const auto& [key, e] : index_.back().tensors) {
         if (key.rfind("master/", 0) != 0) continue;
         const std::size_t slash = key.rfind('/');
-        LOOM_CHECK(slash > 7 && slash + 1 < key.size() && key.find_first_not_of("0123456789", slash + 1) == std::string::npos,
-                   what_, ": file ", r, " has a tensor named '", key.substr(0, 80), "'");
+        LOOM_CHECK(slash > 7 && slash + 1 < key.size() && key.size() - slash - 1 <= 18 &&
+                       key.find_first_not_of("0123456789", slash + 1) == std::string::npos,
+                   what_, ": file ", r, " has a tensor named '", key.substr(0, 80), "'");  // <= 18 digits: no overflow
         where_[key.substr(7, slash - 7)].push_back(
             {static_cast<std::size_t>(std::stoull(key.substr(slash + 1))), static_cast<std::size_t>(e.count), index_.size() - 1});
       }
@@ -315,11 +317,13 @@ void load_checkpoint(trainer<P, T, C>& t, const std::string& path) {
     LOOM_CHECK(sc.is_object() && sc.value("kind", "") == "dynamic", what,
                ": was saved with a static loss scale; this run has a dynamic one");
     loom::amp::dynamic_loss_scaler_state st;
-    st.scale = sc["scale"].get<float>();
-    st.iteration = sc["iteration"].get<std::int64_t>();
-    st.last_overflow_iteration = sc["last_overflow_iteration"].get<std::int64_t>();
-    st.hysteresis_left = sc["hysteresis_left"].get<int>();
-    st.skipped_steps = sc["skipped_steps"].get<std::int64_t>();
+    const auto field = [&](const char* k) { return sc.contains(k) ? sc[k] : nlohmann::json(); };
+    const std::string w = what + ": loss_scaler.";
+    st.scale = loom::data::json_real<float>(field("scale"), w + "scale", 0.0, 1e38);
+    st.iteration = loom::data::json_integer(field("iteration"), w + "iteration", 0, INT64_MAX);
+    st.last_overflow_iteration = loom::data::json_integer(field("last_overflow_iteration"), w + "last_overflow_iteration", -1, INT64_MAX);
+    st.hysteresis_left = static_cast<int>(loom::data::json_integer(field("hysteresis_left"), w + "hysteresis_left", 1, INT32_MAX));
+    st.skipped_steps = loom::data::json_integer(field("skipped_steps"), w + "skipped_steps", 0, INT64_MAX);
     d->set_state(st);
   }
   t.restore(ck.step());

@@ -95,6 +95,16 @@ TEST_CASE("checkpoints: a torn file or another model is refused naming the file 
   const std::string f = dir + "/rank-00001.safetensors";
   fs::resize_file(f, fs::file_size(f) - 8);
   CHECK_THROWS_WITH_AS(segment({2, 1, 1}, 2, 2, 3, root, ""), doctest::Contains("rank-00001.safetensors"), loom::error);
+  // a manifest with a bad number is refused naming the field (a hostile file, not a crash)
+  {
+    std::ifstream in(dir + "/manifest.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto at = text.find("\"step\"");
+    REQUIRE(at != std::string::npos);
+    text.replace(at, text.find(',', at) - at, "\"step\": -3");
+    std::ofstream(dir + "/manifest.json") << text;
+    CHECK_THROWS_WITH_AS(llama3d::checkpoint_reader{dir}, doctest::Contains("step must be >= 0"), loom::error);
+  }
   // another model (more layers) is refused naming a tensor it lacks
   fs::remove_all(root);
   segment({1, 1, 1}, 0, 0, 1, "", root);
