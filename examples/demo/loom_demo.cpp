@@ -3,10 +3,10 @@
 //   1. Train a small LLaMA on the bundled (generated, byte-level) corpus with ZeRO-3 over
 //      data x tensor x pipeline parallel thread ranks (default 2 x 2 x 2 = 8 ranks, 1F1B),
 //      printing step, loss, tokens/s and memory per rank.
-//   2. Save a sharded checkpoint: every rank writes its slice of the consolidated fp32
-//      weights as a safetensors file; then consolidate the shards into one safetensors file
-//      with Meta's tensor names.
-//   3. Load that file into the paged-KV inference engine and generate, in one continuous
+//   2. Save a sharded checkpoint: every rank writes the training state it owns as a
+//      safetensors file; then export it, one tensor at a time, as a Hugging Face LLaMA folder
+//      (config.json, HF's names, safetensors).
+//   3. Load that folder into the paged-KV inference engine and generate, in one continuous
 //      batch, completions of a batch of prompts; print them and the throughput.
 //
 // Every part is a loom primitive or an example built from them: thread_comm and mesh
@@ -160,15 +160,16 @@ int main(int argc, char** argv) {
       if (r == 0) checkpoint_dir = dir;
     });
 
-    // ---- consolidate the shards into one file with Meta's names, one tensor at a time ---------
-    const std::string model_path = (fs::path(o.out) / "model.safetensors").string();
-    llama3d::consolidate_checkpoint(checkpoint_dir, model_path);
-    std::printf("saved the sharded checkpoint (%d rank files in %s) and consolidated it, one tensor at a time, into %s "
-                "(%.1f MiB)\n",
-                world, checkpoint_dir.c_str(), model_path.c_str(), double(fs::file_size(model_path)) / (1024.0 * 1024.0));
+    // ---- export the shards as an HF LLaMA folder, one tensor at a time -----------------------
+    const std::string model_dir = (fs::path(o.out) / "hf").string();
+    llama::export_hf(checkpoint_dir, model_dir, cfg);
+    std::printf("saved the sharded checkpoint (%d rank files in %s) and exported it, one tensor at a time, as the HF "
+                "folder %s (%.1f MiB)\n",
+                world, checkpoint_dir.c_str(), model_dir.c_str(),
+                double(fs::file_size(fs::path(model_dir) / "model.safetensors")) / (1024.0 * 1024.0));
 
     // ---- 3. load into the paged-KV engine and generate -------------------------------------------
-    const llama::flat_weights w = llama::detail::from_tensors(cfg, loom::io::read_safetensors(model_path));
+    const llama::flat_weights w = llama::load_hf_safetensors(model_dir);
     llama::engine_config ec;
     ec.num_blocks = 512;
     ec.block_size = 16;

@@ -11,6 +11,7 @@
 #include <llama/model/config.hpp>
 #include <llama/model3d/llama3d.hpp>
 
+#include <loom/checkpoint/sharded.hpp>
 #include <loom/core/buffer.hpp>
 #include <loom/core/random.hpp>
 #include <loom/io/llama2c.hpp>
@@ -137,6 +138,48 @@ inline flat_weights load_checkpoint(const std::string& path) {
   LOOM_CHECK(fs::exists(path), "checkpoint '", path, "' does not exist");
   if (fs::is_directory(path) || fs::path(path).extension() == ".safetensors") return load_hf_safetensors(path);
   return load_llama2c(path);
+}
+
+/// Writes sharded checkpoint `ckpt` (of a model with config `c`) as a Hugging Face LLaMA
+/// folder: config.json, HF's tensor names, safetensors shards cut at `max_shard_bytes` with
+/// model.safetensors.index.json, one tensor in memory at a time. HF runs rotary on the two
+/// halves of a head; a model trained with adjacent pairs (Meta's, llama2.c's) gets its q and k
+/// rows permuted so that HF computes the same attention (what HF's own converter does).
+/// load_hf_safetensors reads the folder back.
+inline int export_hf(const std::string& ckpt, const std::string& out_dir, const config& c,
+                     std::uint64_t max_shard_bytes = std::uint64_t{5} << 30, const std::string& dtype = "F32") {
+  loom::checkpoint::folder_options o;
+  o.max_shard_bytes = max_shard_bytes;
+  o.dtype = dtype;
+  o.rename = detail::hf_name;
+  if (c.rope == loom::ops::rope_style::interleaved)
+    o.transform = [&c](const std::string& name, std::span<float> t) {
+      if (!name.ends_with("attention.wq.weight") && !name.ends_with("attention.wk.weight")) return;
+      // row h*hd + 2i + p (pair i, component p) goes to h*hd + p*hd/2 + i
+      const auto hd = static_cast<std::size_t>(c.head_dim()), cols = static_cast<std::size_t>(c.dim);
+      const std::vector<float> in(t.begin(), t.end());
+      for (std::size_t row = 0; row < t.size() / cols; ++row) {
+        const std::size_t h = row / hd, i = (row % hd) / 2, p = row % 2;
+        std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(row * cols), cols,
+                    t.begin() + static_cast<std::ptrdiff_t>((h * hd + p * hd / 2 + i) * cols));
+      }
+    };
+  const nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}},
+                              {"model_type", "llama"},
+                              {"hidden_act", "silu"},
+                              {"hidden_size", c.dim},
+                              {"intermediate_size", c.hidden_dim},
+                              {"num_hidden_layers", c.n_layers},
+                              {"num_attention_heads", c.n_heads},
+                              {"num_key_value_heads", c.n_kv_heads},
+                              {"vocab_size", c.vocab},
+                              {"max_position_embeddings", c.seq_len},
+                              {"rms_norm_eps", c.norm_eps},
+                              {"rope_theta", c.rope_theta},
+                              {"tie_word_embeddings", c.tied_output},
+                              {"torch_dtype", dtype == "F32" ? "float32" : dtype == "F16" ? "float16" : "bfloat16"}};
+  o.config_json = cfg.dump(2) + "\n";
+  return loom::checkpoint::export_folder(ckpt, out_dir, o);
 }
 
 }  // namespace llama

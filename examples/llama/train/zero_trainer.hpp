@@ -77,7 +77,7 @@ train_result run_zero_rank(C& comm, const options& o, const loom::io::ds_config&
   LOOM_CHECK(o.steps >= t.steps(), "llama-train: --steps ", o.steps, " is below the resumed checkpoint's step ", t.steps());
   if (rank == 0 && log)
     *log << "parameters " << res.parameter_count
-         << (o.resume.empty() ? "" : ", resumed from " + llama3d::resolve_checkpoint(o.resume) + " at step " + std::to_string(t.steps()))
+         << (o.resume.empty() ? "" : ", resumed from " + loom::checkpoint::resolve(o.resume) + " at step " + std::to_string(t.steps()))
          << std::endl;
   for (std::int64_t s = t.steps() + 1; s <= o.steps; ++s) {
     const float lr = sched.lr(t.steps());  // a skipped step does not advance the schedule (DeepSpeed)

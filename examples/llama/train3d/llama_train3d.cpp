@@ -40,7 +40,8 @@ const char* usage =
     "                     [--tied] [--checkpointing] [--lr LR] [--clip C] [--precision fp32|bf16|fp16] [--seed S] [--print-every N]\n"
     "                     [--data a.bin,b.bin | chat.jsonl]   token shards (uint16) or chat records; default: a counting corpus\n"
     "                     [--eval-every N [--eval-data FILES] [--eval-batches K]]   held-out loss and perplexity every N steps\n"
-    "                     [--save DIR [--save-every N]] [--resume DIR]   sharded checkpoints: DIR/step-<N>, DIR/latest; a\n"
+    "                     [--save DIR [--save-every N] [--keep-last K]] [--resume DIR]   sharded checkpoints: DIR/step-<N>,\n"
+    "                     DIR/latest (--keep-last: only the newest K are kept); a\n"
     "                     checkpoint resumes on any mesh and ZeRO stage (--resume DIR: its latest, or DIR/step-<N>)\n"
     "  Ranks are threads (dp*tp*pp of them), or the processes of `mpirun -np dp*tp*pp`. A config's zero stage, micro batch, gradient\n"
     "  accumulation (= micro-batches per step), precision (fp16: its loss scaler), optimizer, scheduler and clipping win over\n"
@@ -63,6 +64,7 @@ struct program_options {
   int print_every = 1;
   std::string save, resume;  ///< --save DIR, --resume DIR
   int save_every = 0;        ///< --save-every N (0: only at the end)
+  int keep_last = 0;         ///< --keep-last K (0: keep every checkpoint)
   bool help = false;
 };
 
@@ -121,6 +123,10 @@ program_options parse(int argc, char** argv) {
     else if (a == "--save-every") {
       o.save_every = number<int>(a, value());
       LOOM_CHECK(o.save_every >= 0, "llama-train3d: --save-every ", o.save_every, " must be >= 0");
+    }
+    else if (a == "--keep-last") {
+      o.keep_last = number<int>(a, value());
+      LOOM_CHECK(o.keep_last >= 1, "llama-train3d: --keep-last ", o.keep_last, " must be >= 1");
     }
     else return false;
     return true;
@@ -265,11 +271,11 @@ int main(int argc, char** argv) {
       const int G = mesh.dp * o.train.micro_batches;
       if (!o.resume.empty()) {
         llama3d::load_checkpoint(t, o.resume);
-        if (r == 0) std::printf("resumed from %s at step %lld\n", llama3d::resolve_checkpoint(o.resume).c_str(), (long long)t.steps());
+        if (r == 0) std::printf("resumed from %s at step %lld\n", loom::checkpoint::resolve(o.resume).c_str(), (long long)t.steps());
       }
       LOOM_CHECK(o.steps >= t.steps(), "llama-train3d: --steps ", o.steps, " is below the resumed checkpoint's step ", t.steps());
       auto save = [&] {
-        const std::string dir = llama3d::save_checkpoint(t, o.save);
+        const std::string dir = llama3d::save_checkpoint(t, o.save, o.keep_last);
         if (r == 0) std::printf("saved checkpoint %s\n", dir.c_str());
       };
       for (std::int64_t s = t.steps(); s < o.steps; ++s) {

@@ -244,12 +244,15 @@ class safetensors_writer {
     std::uint64_t n = 1;
     for (auto e : next_->second) n *= static_cast<std::uint64_t>(e);
     LOOM_CHECK(n == data.size(), "write_safetensors: tensor '", name, "' has ", data.size(), " elements for a shape of ", n);
-    for (float x : data) {
-      if (dtype_ == "F32") {
-        f_.write(reinterpret_cast<const char*>(&x), 4);
-      } else {
-        const std::uint16_t b = dtype_ == "F16" ? std::bit_cast<std::uint16_t>(half(x)) : std::bit_cast<std::uint16_t>(bfloat16(x));
-        f_.write(reinterpret_cast<const char*>(&b), 2);
+    if (dtype_ == "F32") {  // little-endian like the host (x86-64, aarch64)
+      f_.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size() * 4));
+    } else {  // narrowed a block at a time: one write per block, not per element
+      std::uint16_t b[4096];
+      for (std::size_t i = 0; i < data.size(); i += 4096) {
+        const std::size_t m = std::min<std::size_t>(4096, data.size() - i);
+        for (std::size_t j = 0; j < m; ++j)
+          b[j] = dtype_ == "F16" ? std::bit_cast<std::uint16_t>(half(data[i + j])) : std::bit_cast<std::uint16_t>(bfloat16(data[i + j]));
+        f_.write(reinterpret_cast<const char*>(b), static_cast<std::streamsize>(m * 2));
       }
     }
     ++next_;

@@ -5,6 +5,9 @@
 // tolerance: only the order of summation differs). Computation in double.
 #include "checkpoint_suite.hpp"
 
+#include <llama/generate/llama_loader.hpp>
+#include <llama/model/llama.hpp>
+
 #include <filesystem>
 #include <fstream>
 
@@ -42,7 +45,7 @@ TEST_CASE("a (2,2,2) ZeRO-3 checkpoint resumes bit for bit on its mesh, and with
      // consolidated master (gathered by all-reduce over the mesh)
     loom::host_memory_resource mr("consolidate");
     const std::string file = root + "/model.safetensors";
-    const std::size_t largest = llama3d::consolidate_checkpoint(root, file, mr);
+    const std::size_t largest = loom::checkpoint::consolidate(root, file, mr);
     CHECK(mr.peak_bytes() == largest * sizeof(float));
     const auto tensors = loom::io::read_safetensors(file);
     const auto layout = llama3d::full_layout(tiny(false));
@@ -55,6 +58,35 @@ TEST_CASE("a (2,2,2) ZeRO-3 checkpoint resumes bit for bit on its mesh, and with
       for (std::size_t i = 0; i < e.numel; ++i) same = same && t.data[i] == head.master[e.offset + i];
       CHECK(same);
     }
+  }
+  {  // exported as an HF folder (shards cut small, q/k rows permuted for HF's half-split
+     // rotary): read back by the HF loader (PyTorch-checked in llama_checkpoint_test) and run
+     // with HF's rotary, it gives the logits of the trained model run with its own rotary.
+    namespace fs = std::filesystem;
+    const std::string hf = root + "/hf";
+    const llama::config cfg = tiny(false);
+    const int files = llama::export_hf(root, hf, cfg, 2048);
+    CHECK(files > 2);
+    CHECK(fs::exists(hf + "/model.safetensors.index.json"));
+    const llama::flat_weights w = llama::load_hf_safetensors(hf);
+    CHECK(w.cfg.rope == loom::ops::rope_style::half_split);
+    CHECK(w.cfg.n_kv_heads == cfg.n_kv_heads);
+    llama::model<double, double> trained(cfg), exported(w.cfg);
+    for (const auto& e : trained.layout().entries())
+      std::copy_n(head.master.begin() + static_cast<std::ptrdiff_t>(e.offset), e.numel, trained.params().begin() + static_cast<std::ptrdiff_t>(e.offset));
+    for (const auto& e : exported.layout().entries()) {
+      const auto t = w.tensor(e.name);
+      std::copy(t.begin(), t.end(), exported.params().begin() + static_cast<std::ptrdiff_t>(e.offset));
+    }
+    std::vector<std::int32_t> tok(2 * 8);
+    for (std::size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<std::int32_t>((i * 7 + 3) % 32);
+    const loom::tensor_view<const std::int32_t, loom::host, 2> tv(tok.data(), loom::extents<2>{2, 8});
+    trained.forward(tv);
+    exported.forward(tv);
+    const auto a = trained.logits(), b = exported.logits();
+    double worst = 0;
+    for (loom::index_t i = 0; i < 2 * 8 * 32; ++i) worst = std::max(worst, std::abs(a.data()[i] - b.data()[i]));
+    CHECK(worst < 1e-9);
   }
 
   struct target {
@@ -103,7 +135,7 @@ TEST_CASE("checkpoints: a torn file or another model is refused naming the file 
     REQUIRE(at != std::string::npos);
     text.replace(at, text.find(',', at) - at, "\"step\": -3");
     std::ofstream(dir + "/manifest.json") << text;
-    CHECK_THROWS_WITH_AS(llama3d::checkpoint_reader{dir}, doctest::Contains("step must be >= 0"), loom::error);
+    CHECK_THROWS_WITH_AS(loom::checkpoint::reader{dir}, doctest::Contains("step must be >= 0"), loom::error);
   }
   // another model (more layers) is refused naming a tensor it lacks
   fs::remove_all(root);
@@ -116,6 +148,6 @@ TEST_CASE("checkpoints: a torn file or another model is refused naming the file 
                                                llama3d::load_checkpoint(t, root);
                                              }),
                        doctest::Contains("tensors"), loom::error);
-  CHECK_THROWS_WITH_AS(llama3d::resolve_checkpoint("no_such_checkpoint_dir"), doctest::Contains("neither manifest.json"), loom::error);
+  CHECK_THROWS_WITH_AS(loom::checkpoint::resolve("no_such_checkpoint_dir"), doctest::Contains("neither manifest.json"), loom::error);
   fs::remove_all(root);
 }
