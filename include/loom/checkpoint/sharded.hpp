@@ -321,11 +321,16 @@ class reader {
     const auto it = where_.find(name);
     LOOM_CHECK(it != where_.end(), what_, ": no piece of tensor '", name, "'");
     std::size_t got = 0;
-    for (const located& l : it->second) {
-      const std::size_t a = std::max(l.full, first), b = std::min(l.full + l.count, first + out.size());
+    // pieces are sorted by their first element and do not overlap: start at the last piece
+    // that begins at or before `first` (a tensor cut into rows has thousands of pieces)
+    const auto& v = it->second;
+    auto l0 = std::upper_bound(v.begin(), v.end(), first, [](std::size_t x, const located& l) { return x < l.full; });
+    if (l0 != v.begin()) --l0;
+    for (auto l = l0; l != v.end() && l->full < first + out.size(); ++l) {
+      const std::size_t a = std::max(l->full, first), b = std::min(l->full + l->count, first + out.size());
       if (a >= b) continue;
-      const std::string key = std::string(detail::state_kinds[kind]) + "/" + name + "/" + std::to_string(l.full);
-      io::read_safetensors_range(index_[l.file], key, a - l.full, out.subspan(a - first, b - a));
+      const std::string key = std::string(detail::state_kinds[kind]) + "/" + name + "/" + std::to_string(l->full);
+      io::read_safetensors_range(index_[l->file], key, a - l->full, out.subspan(a - first, b - a));
       got += b - a;
     }
     LOOM_CHECK(got == out.size(), what_, ": tensor '", name, "' elements [", first, ", ", first + out.size(),

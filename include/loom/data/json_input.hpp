@@ -30,16 +30,47 @@ inline constexpr int json_max_depth = 64;
 /// Parses `input` (anything nlohmann::json::parse takes); `what` names the input in errors
 /// ("ds_config path='x.json'", "chat jsonl x.jsonl:3"). Invalid JSON and nesting deeper than
 /// `max_depth` are a loom::error.
+namespace detail {
+// nlohmann's DOM builder behind a depth count. Why not parse() with a callback: its callback
+// parser scans the enclosing object after every nested value ends, so an object of n
+// entries costs O(n^2) (a checkpoint's safetensors header has tens of thousands).
+struct depth_limited_sax {
+  using json = nlohmann::json;
+  nlohmann::detail::json_sax_dom_parser<json> dom;
+  int depth = 0, max_depth;
+  const std::string& what;
+  depth_limited_sax(json& out, int max, const std::string& w) : dom(out, true), max_depth(max), what(w) {}
+  bool open() {
+    if (depth >= max_depth) LOOM_THROW(what, ": nesting deeper than ", max_depth, " levels of arrays and objects");
+    ++depth;
+    return true;
+  }
+  bool null() { return dom.null(); }
+  bool boolean(bool v) { return dom.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return dom.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return dom.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const json::string_t& s) { return dom.number_float(v, s); }
+  bool string(json::string_t& v) { return dom.string(v); }
+  bool binary(json::binary_t& v) { return dom.binary(v); }
+  bool start_object(std::size_t n) { return open() && dom.start_object(n); }
+  bool key(json::string_t& k) { return dom.key(k); }
+  bool end_object() { return --depth, dom.end_object(); }
+  bool start_array(std::size_t n) { return open() && dom.start_array(n); }
+  bool end_array() { return --depth, dom.end_array(); }
+  template <class Exception>
+  bool parse_error(std::size_t at, const std::string& token, const Exception& e) {
+    return dom.parse_error(at, token, e);
+  }
+};
+}  // namespace detail
+
 template <class Input>
 nlohmann::json parse_json_input(Input&& input, const std::string& what, int max_depth = json_max_depth) {
-  const auto limit_depth = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
-    if ((event == nlohmann::json::parse_event_t::object_start || event == nlohmann::json::parse_event_t::array_start) &&
-        depth >= max_depth)
-      LOOM_THROW(what, ": nesting deeper than ", max_depth, " levels of arrays and objects");
-    return true;
-  };
   try {
-    return nlohmann::json::parse(std::forward<Input>(input), limit_depth);
+    nlohmann::json out;
+    detail::depth_limited_sax sax(out, max_depth, what);
+    nlohmann::json::sax_parse(std::forward<Input>(input), &sax);
+    return out;
   } catch (const nlohmann::json::exception& e) {
     // nlohmann quotes the last token read, which may be a whole long string
     LOOM_THROW(what, ": not valid JSON: ", quote_input(e.what(), 4 * quote_limit));

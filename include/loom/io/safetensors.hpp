@@ -22,12 +22,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <span>
 #include <fstream>
 #include <optional>
@@ -61,7 +65,19 @@ struct safetensors_entry {
 /// A safetensors file's header: what a reader needs to read any tensor, or any range of
 /// one, without reading the rest of the file.
 struct safetensors_index {
+  /// The open file, shared by copies of the index (closed with the last one), so that range
+  /// reads cost one pread each, not an open.
+  struct file_handle {
+    int fd = -1;
+    file_handle(const file_handle&) = delete;
+    file_handle& operator=(const file_handle&) = delete;
+    explicit file_handle(int f) : fd(f) {}
+    ~file_handle() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
   std::string path;
+  std::shared_ptr<file_handle> file;  ///< set by read_safetensors_index
   std::uint64_t data_start = 0;  ///< file offset of the data bytes
   std::map<std::string, safetensors_entry> tensors;
   std::map<std::string, std::string> metadata;  ///< "__metadata__" (string values only)
@@ -183,7 +199,11 @@ inline safetensors_index read_safetensors_index(const std::string& path) {
   std::string header(static_cast<std::size_t>(n), '\0');
   f.read(header.data(), static_cast<std::streamsize>(n));
   LOOM_CHECK(f.good(), what, ": cannot read its ", n, "-byte header");
-  return detail::parse_safetensors_header(path, header, size - 8 - n);
+  safetensors_index ix = detail::parse_safetensors_header(path, header, size - 8 - n);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  LOOM_CHECK(fd >= 0, what, ": cannot open it for reading");
+  ix.file = std::make_shared<safetensors_index::file_handle>(fd);
+  return ix;
 }
 
 /// Elements [first, first + out.size()) of tensor `name` (row-major), widened to float: only
@@ -197,12 +217,25 @@ inline void read_safetensors_range(const safetensors_index& index, const std::st
   LOOM_CHECK(first <= e.count && out.size() <= e.count - first, what, ": tensor ", data::quote_input(name), " has ", e.count,
              " elements; asked for [", first, ", ", first + out.size(), ")");
   const std::size_t es = detail::dtype_size(e.dtype);
-  std::vector<char> bytes(out.size() * es);
-  std::ifstream f(index.path, std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(index.data_start + e.begin + first * es));
-  f.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  LOOM_CHECK(f.good() || bytes.empty(), what, ": tensor ", data::quote_input(name), " is truncated (file shorter than its header says)");
-  detail::widen(e.dtype, bytes.data(), out.size(), out.data());
+  std::vector<char> own;
+  // F32 lands in `out` directly; narrower types go through a byte buffer and are widened
+  char* bytes = e.dtype == "F32" ? reinterpret_cast<char*>(out.data()) : (own.resize(out.size() * es), own.data());
+  const std::uint64_t want = out.size() * es, at = index.data_start + e.begin + first * es;
+  std::uint64_t got = 0;
+  if (index.file) {
+    while (got < want) {
+      const ::ssize_t n = ::pread(index.file->fd, bytes + got, static_cast<std::size_t>(want - got), static_cast<::off_t>(at + got));
+      if (n <= 0) break;
+      got += static_cast<std::uint64_t>(n);
+    }
+  } else {
+    std::ifstream f(index.path, std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    f.read(bytes, static_cast<std::streamsize>(want));
+    got = static_cast<std::uint64_t>(f.gcount());
+  }
+  LOOM_CHECK(got == want, what, ": tensor ", data::quote_input(name), " is truncated (file shorter than its header says)");
+  if (e.dtype != "F32") detail::widen(e.dtype, bytes, out.size(), out.data());
 }
 
 /// Writes a safetensors file one tensor at a time: the header (every name and shape) first,
