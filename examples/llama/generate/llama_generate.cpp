@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       loom::kv::request r;
       r.id = i;
-      r.prompt = tok ? tok->encode(prompts[i]) : parse_ids(prompts[i]);
+      r.prompt = tok ? tok->encode(prompts[i], /*add_bos=*/true) : parse_ids(prompts[i]);
       r.max_new_tokens = std::min<int>(max_new, static_cast<int>(c.seq_len) - static_cast<int>(r.prompt.size()));
       r.sampling = sp;
       r.sampling.seed = sp.seed + i;

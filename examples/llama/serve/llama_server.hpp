@@ -62,7 +62,7 @@ class text_codec {
     for (std::int32_t id = 0; id < tok_->vocab_size(); ++id) longest_piece_ = std::max(longest_piece_, tok_->piece(id).size());
   }
   std::vector<loom::kv::token_id> encode(const std::string& s) const {
-    if (tok_) return tok_->encode(s);
+    if (tok_) return tok_->encode(s, /*add_bos=*/true);
     std::vector<loom::kv::token_id> ids{1};
     for (unsigned char c : s) ids.push_back(3 + c);
     return ids;
