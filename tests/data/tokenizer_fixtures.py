@@ -5,6 +5,7 @@
 #
 # Writes into out_dir:
 #   corpus.txt                   generated English + Chinese + emoji text
+#   tiny.model                   a 120-piece English model for the programs' --random models
 #   unigram.model, bpe.model     spm_train on it (unigram, NFKC, without byte fallback: rare
 #                                characters become <unk>; BPE as LLaMA's and ChatGLM's: byte
 #                                fallback, digits split, no normalization, whitespace kept)
@@ -76,6 +77,14 @@ models = {
     "bpe": common + ["--model_type=bpe", "--vocab_size=1400", "--byte_fallback=true", "--split_digits=true",
                    "--normalization_rule_name=identity", "--remove_extra_whitespaces=false"],
 }
+# tiny.model: English only, small enough for llama-generate --random (vocab 256)
+tiny_corpus = os.path.join(out, "tiny_corpus.txt")
+with open(tiny_corpus, "w") as f:
+    for _ in range(2000):
+        f.write(" ".join(rng.choice(EN) for _ in range(rng.randint(3, 12))) + "\n")
+subprocess.run(["spm_train", "--model_prefix=" + os.path.join(out, "tiny"), "--input=" + tiny_corpus, "--vocab_size=120",
+                "--model_type=bpe", "--byte_fallback=false", "--num_threads=1", "--minloglevel=2"], check=True,
+               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 for name, args in models.items():
     subprocess.run(["spm_train", "--model_prefix=" + os.path.join(out, name)] + args, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -308,8 +308,11 @@ class llama2c_tokenizer {
       return std::string(1, static_cast<char>(hex(p[3]) * 16 + hex(p[4])));
     return p;
   }
-  /// data::tokenizer's spelling of decode(prev, id); prev < 0 (no token before) reads as bos.
-  std::string decode_piece(std::int32_t prev, std::int32_t id) const { return decode(prev < 0 ? bos : prev, id); }
+  /// data::tokenizer's decode_piece: decode(prev, id), except that bos / eos give no text (as
+  /// in decode(ids)); prev < 0 (no token before) reads as bos.
+  std::string decode_piece(std::int32_t prev, std::int32_t id) const {
+    return id == bos || id == eos ? std::string() : decode(prev < 0 ? bos : prev, id);
+  }
   std::string decode(std::span<const std::int32_t> ids, std::int32_t prev = bos) const {
     std::string s;
     for (auto id : ids) {
