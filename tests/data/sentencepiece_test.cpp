@@ -150,8 +150,11 @@ TEST_CASE("bad tokenizer files and a vocabulary larger than the model's are loom
   CHECK(e.find("bpe.model") != std::string::npos);
   CHECK(e.find("max_file_bytes=1000") != std::string::npos);
 
-  e = error_of([&] { sentencepiece_tokenizer t(good, {.appended_specials = {"<s>"}}); });
-  CHECK(e.find("'<s>' is already a piece") != std::string::npos);
+  e = error_of([&] { sentencepiece_tokenizer t(good, {.appended_specials = {"sop", "x", "sop"}}); });
+  CHECK(e.find("'sop' given twice") != std::string::npos);
+  const sentencepiece_tokenizer shadow(good, {.appended_specials = {"<s>"}});  // ChatGLM's lookup: the appended name first
+  CHECK(shadow.special_id("<s>") == shadow.piece_size());
+  CHECK(shadow.bos_id() == 1);
 
   const sentencepiece_tokenizer glm3(good, {.appended_specials = loom::data::chatglm3_special_tokens()});
   CHECK_NOTHROW(loom::data::check_vocab_fits(glm3, 65024, good));  // a padded model's vocabulary is larger: fine
