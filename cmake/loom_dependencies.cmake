@@ -1,4 +1,4 @@
-# Finds loom's optional dependencies and sets LOOM_HAS_{BLAS,MPI,CUDA,NCCL}.
+# Finds loom's optional dependencies and sets LOOM_HAS_{BLAS,MPI,CUDA,NCCL,SENTENCEPIECE}.
 # Each LOOM_ENABLE_* is ON (required), OFF, or AUTO (used when found).
 
 find_package(Threads REQUIRED)
@@ -77,3 +77,19 @@ endif()
 # -- nlohmann-json (config files and JSONL readers; headers that include it need it)
 find_package(nlohmann_json 3 QUIET)
 set(LOOM_HAS_JSON ${nlohmann_json_FOUND})
+
+# -- SentencePiece (Debian's libsentencepiece-dev: tokenizer.model files). It ships a
+# pkg-config file but no CMake package, so the library and header are found by name.
+set(_sp_found FALSE)
+if(NOT LOOM_ENABLE_SENTENCEPIECE STREQUAL "OFF")
+  find_path(LOOM_SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h)
+  find_library(LOOM_SENTENCEPIECE_LIBRARY sentencepiece)
+  if(LOOM_SENTENCEPIECE_INCLUDE_DIR AND LOOM_SENTENCEPIECE_LIBRARY)
+    set(_sp_found TRUE)
+  endif()
+endif()
+loom_resolve_option(${LOOM_ENABLE_SENTENCEPIECE} _sp_found LOOM_HAS_SENTENCEPIECE)
+if(NOT LOOM_HAS_SENTENCEPIECE AND NOT LOOM_ENABLE_SENTENCEPIECE STREQUAL "OFF")
+  message(STATUS "loom: SentencePiece not found (apt-get install libsentencepiece-dev sentencepiece python3-sentencepiece): "
+                 "no loom::sentencepiece, tokenizer.model files cannot be read and their tests are skipped")
+endif()

@@ -3,7 +3,8 @@
 # compiler, `.cuh` headers by nvcc. A header's dependencies follow from its path (see
 # docs/conventions.md): `.cuh` or a `cuda/` folder -> loom::cuda; `mpi` in the file name ->
 # loom::mpi; `nccl` -> loom::cuda + loom::mpi; `blas` in the name or under `ops/host` or `nn`
-# -> loom::blas; a header that includes <nlohmann/...> -> nlohmann_json. Headers whose dependency is not available are skipped.
+# -> loom::blas; `sentencepiece` in the file name -> loom::sentencepiece; a header that includes
+# <nlohmann/...> -> nlohmann_json. Headers whose dependency is not available are skipped.
 
 function(loom_add_header_tests include_dir)
   file(GLOB_RECURSE headers RELATIVE ${include_dir} CONFIGURE_DEPENDS ${include_dir}/loom/*.hpp ${include_dir}/loom/*.cuh)
@@ -15,6 +16,7 @@ function(loom_add_header_tests include_dir)
     set(needs_mpi FALSE)
     set(needs_blas FALSE)
     set(needs_json FALSE)
+    set(needs_sp FALSE)
     file(STRINGS ${include_dir}/${h} json_include REGEX "#include <nlohmann/")
     if(json_include)
       set(needs_json TRUE)
@@ -29,7 +31,10 @@ function(loom_add_header_tests include_dir)
     if(fname MATCHES "blas" OR h MATCHES "^loom/ops/host/" OR h MATCHES "^loom/nn/")
       set(needs_blas TRUE)
     endif()
-    if((needs_cuda AND NOT LOOM_HAS_CUDA) OR (needs_mpi AND NOT LOOM_HAS_MPI) OR (needs_blas AND NOT LOOM_HAS_BLAS) OR (needs_json AND NOT LOOM_HAS_JSON))
+    if(fname MATCHES "sentencepiece")
+      set(needs_sp TRUE)
+    endif()
+    if((needs_sp AND NOT LOOM_HAS_SENTENCEPIECE) OR (needs_cuda AND NOT LOOM_HAS_CUDA) OR (needs_mpi AND NOT LOOM_HAS_MPI) OR (needs_blas AND NOT LOOM_HAS_BLAS) OR (needs_json AND NOT LOOM_HAS_JSON))
       continue()
     endif()
     string(MAKE_C_IDENTIFIER ${h} id)
@@ -53,7 +58,7 @@ function(loom_add_header_tests include_dir)
   endforeach()
 
   set(deps loom::loom)
-  foreach(t blas mpi cuda)
+  foreach(t blas mpi cuda sentencepiece)
     if(TARGET loom::${t})
       list(APPEND deps loom::${t})
     endif()

@@ -10,6 +10,7 @@ packages=(
   libopenmpi-dev openmpi-bin libboost-mpi-dev
   nlohmann-json3-dev libcpp-httplib-dev
   python3-torch python3-numpy
+  libsentencepiece-dev sentencepiece python3-sentencepiece  # tokenizer.model; spm_train and the Python oracle for the tests
   clang libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes (scripts/fuzz.sh)
 )
 missing=()

@@ -31,23 +31,35 @@ inline bool is_chat_data(const std::vector<std::string>& data) {
   return data.size() == 1 && data[0].size() > 6 && data[0].ends_with(".jsonl");
 }
 
-/// Batches of `micro` rows of `seq` tokens for the model's vocabulary. Chat records: byte
-/// tokens, half the sequence for the prompt side, half for the response. rank / world: this
-/// loader reads every world-th batch (a data-parallel rank's stride); 0 / 1 reads them all.
+/// How chat records become ids: a tokenizer (examples/data/tokenizer_file.hpp opens one from
+/// a --tokenizer flag; none: byte tokens) and a chat template (chatglm2 by default).
+struct chat_encoding {
+  const loom::data::any_tokenizer* tokenizer = nullptr;
+  loom::data::chat_template_options chat_template = {};
+};
+
+/// Batches of `micro` rows of `seq` tokens for the model's vocabulary. Chat records: tokens of
+/// `chat` (bytes by default), half the sequence for the prompt side, half for the response.
+/// rank / world: this loader reads every world-th batch (a data-parallel rank's stride); 0 / 1
+/// reads them all.
 inline batch_loader make_batch_loader(const std::vector<std::string>& data, loom::index_t vocab, loom::index_t seq,
-                                      std::int64_t micro, std::uint64_t seed, int rank = 0, int world = 1) {
+                                      std::int64_t micro, std::uint64_t seed, int rank = 0, int world = 1,
+                                      const chat_encoding& chat = {}) {
   LOOM_CHECK(!data.empty(), "data: no files given");
   LOOM_CHECK(seq >= 1 && micro >= 1, "data: seq=", seq, " and micro batch=", micro, " must be >= 1");
   const loom::data::sampler_options so{.batch = std::size_t(micro), .seed = seed, .rank = rank, .world = world};
   if (is_chat_data(data)) {
+    const std::size_t src = std::size_t(seq) / 2;
+    const loom::data::chat_encode_options eo{.max_source_length = src, .max_target_length = std::size_t(seq) - src,
+                                             .vocab_size = std::uint32_t(vocab), .chat_template = chat.chat_template};
+    if (chat.tokenizer) {
+      loom::data::check_vocab_fits(*chat.tokenizer, vocab, "'" + chat.tokenizer->name() + "'");
+      return loom::data::chat_loader(loom::data::read_chat_jsonl(data[0]), *chat.tokenizer, eo, so);
+    }
     const loom::data::byte_tokenizer tok;
     LOOM_CHECK(vocab >= tok.vocab_size(), "data: chat data needs vocab >= ", tok.vocab_size(),
                " (bytes + bos/eos/pad), got vocab=", vocab);
-    const std::size_t src = std::size_t(seq) / 2;
-    return loom::data::chat_loader(loom::data::read_chat_jsonl(data[0]), tok,
-                                   {.max_source_length = src, .max_target_length = std::size_t(seq) - src,
-                                    .vocab_size = std::uint32_t(vocab)},
-                                   so);
+    return loom::data::chat_loader(loom::data::read_chat_jsonl(data[0]), tok, eo, so);
   }
   for (const auto& d : data)
     LOOM_CHECK(!d.ends_with(".jsonl"), "data: chat records (", d, ") must be the only file, not one of ", data.size());

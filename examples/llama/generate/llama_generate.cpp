@@ -2,7 +2,7 @@
 // checkpoint (or a random model, for trying the engine without files).
 #include "llama_cli.hpp"
 
-#include <loom/io/llama2c.hpp>
+#include <tokenizer_file.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -16,11 +16,13 @@
 namespace {
 
 const char* usage =
-    "usage: llama-generate (--checkpoint PATH | --random) [--tokenizer tokenizer.bin] [--prompt TEXT]...\n"
+    "usage: llama-generate (--checkpoint PATH | --random) [--tokenizer tokenizer.bin|tokenizer.model] [--prompt TEXT]...\n"
     "                      [--prompt-file FILE] [--max-new N] [--temperature T] [--top-k K] [--top-p P]\n"
     "                      [--repetition-penalty R] [--seed S] [--blocks N] [--block-size N] [--budget N]\n"
     "  PATH: a llama2.c .bin (legacy or version 1), a .safetensors file, or an HF folder (config.json +\n"
-    "  *.safetensors). Without --tokenizer, a prompt is a list of token ids (\"1 345 22\").\n"
+    "  *.safetensors). --tokenizer: llama2.c's tokenizer.bin, or a SentencePiece tokenizer.model (LLaMA's); a prompt\n"
+    "  is then bos + its ids and generation stops on the tokenizer's eos. Without it, a prompt is a list of token\n"
+    "  ids (\"1 345 22\").\n"
     "  --prompt-file: one prompt per line. All prompts run together in one continuous batch.\n";
 
 std::vector<loom::kv::token_id> parse_ids(const std::string& s) {
@@ -70,8 +72,8 @@ int main(int argc, char** argv) {
   if (const auto rc = examples::cli::command_line(argc, argv, "llama-generate", usage, on, check)) return *rc;
   try {
     const llama::flat_weights w = model.load(random_config());
-    std::optional<loom::io::llama2c_tokenizer> tok;
-    if (!model.tokenizer.empty()) tok.emplace(model.tokenizer, static_cast<std::int32_t>(w.cfg.vocab));
+    std::optional<loom::data::any_tokenizer> tok;
+    if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, "none", w.cfg.vocab));
     if (prompts.empty()) prompts.push_back(tok ? "Once upon a time" : "1");
     const auto& c = w.cfg;
     std::printf("model: dim=%lld hidden=%lld layers=%lld heads=%lld kv_heads=%lld vocab=%lld seq_len=%lld\n",
@@ -84,11 +86,17 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       loom::kv::request r;
       r.id = i;
-      r.prompt = tok ? tok->encode(prompts[i]) : parse_ids(prompts[i]);
+      if (tok) {
+        r.prompt = {tok->bos_id()};
+        const auto ids = tok->encode(prompts[i]);
+        r.prompt.insert(r.prompt.end(), ids.begin(), ids.end());
+      } else {
+        r.prompt = parse_ids(prompts[i]);
+      }
       r.max_new_tokens = std::min<int>(max_new, static_cast<int>(c.seq_len) - static_cast<int>(r.prompt.size()));
       r.sampling = sp;
       r.sampling.seed = sp.seed + i;
-      if (tok) r.stop_tokens = {loom::io::llama2c_tokenizer::eos};
+      if (tok) r.stop_tokens = {tok->eos_id()};
       reqs.push_back(std::move(r));
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -100,7 +108,9 @@ int main(int argc, char** argv) {
       generated += o.size();
       std::printf("[%zu] %s", static_cast<std::size_t>(r.id), tok ? prompts[r.id].c_str() : "");
       if (tok) {
-        std::printf("%s\n", tok->decode(o, r.prompt.back()).c_str());
+        std::string text;  // piece by piece, each after the one before it (a leading space stays)
+        for (std::size_t k = 0; k < o.size(); ++k) text += tok->decode_piece(k ? o[k - 1] : r.prompt.back(), o[k]);
+        std::printf("%s\n", text.c_str());
       } else {
         for (auto t : o) std::printf(" %d", t);
         std::printf("\n");

@@ -3,6 +3,8 @@
 #include "llama_cli.hpp"
 #include "llama_server.hpp"
 
+#include <tokenizer_file.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -15,14 +17,15 @@
 
 namespace {
 const char* usage =
-    "usage: llama-serve (--checkpoint PATH | --random) [--tokenizer tokenizer.bin] [--host H] [--port P]\n"
+    "usage: llama-serve (--checkpoint PATH | --random) [--tokenizer tokenizer.bin|.model] [--host H] [--port P]\n"
     "                   [--blocks N] [--block-size N] [--budget N] [--max-seqs N] [--model-name NAME]\n"
     "                   [--api-key KEY] [--max-body-bytes N] [--max-tokens N] [--max-concurrent N]\n"
     "                   [--request-timeout S] [--read-timeout S] [--http-threads N]\n"
     "  POST /                       ChatGLM api.py: {prompt, history, max_length, top_p, temperature}\n"
     "  POST /v1/completions         OpenAI completions (\"stream\": true for server-sent events)\n"
     "  POST /v1/chat/completions    OpenAI chat completions (\"stream\": true for server-sent events)\n"
-    "  Without --tokenizer, text is byte-encoded (id = 3 + byte).\n"
+    "  --tokenizer: llama2.c's tokenizer.bin or a SentencePiece tokenizer.model (stops on its eos). Without it,\n"
+    "  text is byte-encoded (id = 3 + byte).\n"
     "  --api-key KEY          requests need 'Authorization: Bearer KEY' (401 otherwise; GET /health is open)\n"
     "  --max-body-bytes N     larger request bodies are refused with 413 before they are read (8 MiB)\n"
     "  --max-tokens N         most new tokens one request may ask for (4096)\n"
@@ -78,8 +81,8 @@ int main(int argc, char** argv) {
     rc.dim = 64, rc.hidden_dim = 172, rc.n_layers = 2, rc.n_heads = 4, rc.n_kv_heads = 4, rc.seq_len = 256;
     rc.vocab = 259;  // byte-level ids for --random (untied: a random tied classifier only repeats its input)
     const llama::flat_weights w = model.load(rc);
-    std::optional<loom::io::llama2c_tokenizer> tok;
-    if (!model.tokenizer.empty()) tok.emplace(model.tokenizer, static_cast<std::int32_t>(w.cfg.vocab));
+    std::optional<loom::data::any_tokenizer> tok;
+    if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, "none", w.cfg.vocab));
     // Signals go to the main thread only, which waits for them and stops the server.
     sigset_t set;
     sigemptyset(&set);

@@ -28,6 +28,7 @@
 
 #include <loom/data/input.hpp>
 #include <loom/data/json_input.hpp>
+#include <loom/data/tokenizer.hpp>
 #include <loom/io/llama2c.hpp>
 
 #include <httplib.h>
@@ -53,16 +54,27 @@
 
 namespace llama {
 
-/// Text <-> tokens. Either a llama2.c tokenizer, or raw bytes (id = 3 + byte, BOS 1, EOS 2:
-/// the byte-fallback ids of llama2.c's vocabulary), which needs no file.
+/// Text <-> tokens. Either a data::tokenizer (llama2.c tokenizer.bin, SentencePiece
+/// tokenizer.model: examples/data/tokenizer_file.hpp), or raw bytes (id = 3 + byte, BOS 1,
+/// EOS 2: the byte-fallback ids of llama2.c's vocabulary), which needs no file. A prompt is
+/// bos + its ids; generation stops on the tokenizer's eos.
 class text_codec {
  public:
   text_codec() = default;
-  explicit text_codec(const loom::io::llama2c_tokenizer* tok) : tok_(tok) {
-    for (std::int32_t id = 0; id < tok_->vocab_size(); ++id) longest_piece_ = std::max(longest_piece_, tok_->piece(id).size());
+  explicit text_codec(const loom::data::any_tokenizer* tok) : tok_(tok) {
+    // llama2.c's encode maps every byte of text into some piece, so text bytes / the longest
+    // piece bounds its ids from below. SentencePiece normalizes first (whitespace runs may
+    // collapse), so no such bound holds there: only bos is certain.
+    if (const auto* l = tok_->get<loom::io::llama2c_tokenizer>())
+      for (std::int32_t id = 0; id < l->vocab_size(); ++id) longest_piece_ = std::max(longest_piece_, l->piece(id).size());
   }
   std::vector<loom::kv::token_id> encode(const std::string& s) const {
-    if (tok_) return tok_->encode(s);
+    if (tok_) {
+      std::vector<loom::kv::token_id> ids{tok_->bos_id()};
+      const auto t = tok_->encode(s);
+      ids.insert(ids.end(), t.begin(), t.end());
+      return ids;
+    }
     std::vector<loom::kv::token_id> ids{1};
     for (unsigned char c : s) ids.push_back(3 + c);
     return ids;
@@ -71,17 +83,17 @@ class text_codec {
   /// is refused before it is tokenized (tokenizing is the expensive part of a huge prompt).
   std::size_t min_tokens(const std::string& s) const {
     if (!tok_) return s.size() + 1;
-    return 1 + s.size() / std::max<std::size_t>(longest_piece_, 1);
+    return longest_piece_ ? 1 + s.size() / longest_piece_ : 1;
   }
   std::string decode(loom::kv::token_id prev, loom::kv::token_id id) const {
-    if (tok_) return tok_->decode(prev, id);
+    if (tok_) return tok_->decode_piece(prev, id);
     return id >= 3 && id < 259 ? std::string(1, static_cast<char>(id - 3)) : std::string();
   }
-  loom::kv::token_id eos() const noexcept { return 2; }
+  loom::kv::token_id eos() const { return tok_ ? tok_->eos_id() : 2; }
 
  private:
-  const loom::io::llama2c_tokenizer* tok_ = nullptr;
-  std::size_t longest_piece_ = 0;
+  const loom::data::any_tokenizer* tok_ = nullptr;
+  std::size_t longest_piece_ = 0;  // 0: no bound from the text's length
 };
 
 struct server_options {

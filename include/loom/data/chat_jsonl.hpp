@@ -4,16 +4,18 @@
 //
 // One JSON object per line: {"prompt": "...", "response": "...", "history": [[user,
 // assistant], ...]} (user features folded into the prompt; column names configurable, history
-// optional). Encoding follows ChatGLM2's fine-tuning recipe so a DeepSpeed user gets the
-// same samples:
-//   text     = for each earlier turn i: "[Round i]\n\n问：{user}\n\n答：{assistant}\n\n",
-//              then "[Round n]\n\n问：{prompt}\n\n答："          (rounds counted from 1)
-//   a        = [bos] + encode(text), truncated to max_source_length ids
-//   b        = encode(response), truncated to max_target_length ids
+// optional). Encoding follows ChatGLM2's fine-tuning recipe (ptuning/main.py) so a DeepSpeed
+// user gets the same samples; the template (data/chat_template.hpp: chatglm2 by default,
+// chatglm3, llama2) turns a record into source and target ids, then
+//   a        = source, truncated to max_source_length ids
+//   b        = target, truncated to max_target_length ids
 //   input    = a + b + [eos]           labels = [ignore]*len(a) + b + [eos]
 // padded with pad / ignore to max_source_length + max_target_length + 1, then shifted for
 // next-token prediction: tokens = input[:-1], targets = labels[1:]. So the loss covers the
-// response and the final eos, never the prompt or the history.
+// response and the final eos, never the prompt or the history. With chatglm2 the source is
+// [gMASK] sop (bos for a tokenizer without them, as the byte tokenizer) + encode of
+//   "[Round i]\n\n问：{user}\n\n答：{assistant}\n\n" per earlier turn (i from 1), then
+//   "[Round n]\n\n问：{prompt}\n\n答：".
 //
 // The file comes from outside: a line longer than chat_read_options::max_line_bytes is refused
 // before it is held whole (parsing costs several times a line's size), nesting is limited,
@@ -21,6 +23,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/data/batch.hpp>
+#include <loom/data/chat_template.hpp>
 #include <loom/data/json_input.hpp>
 #include <loom/data/sampler.hpp>
 #include <loom/data/tokenizer.hpp>
@@ -37,11 +40,6 @@
 #include <vector>
 
 namespace loom::data {
-
-struct chat_record {
-  std::string prompt, response;
-  std::vector<std::pair<std::string, std::string>> history;  // [user, assistant] turns
-};
 
 struct chat_columns {
   std::string prompt = "prompt";
@@ -101,20 +99,11 @@ inline std::vector<chat_record> read_chat_jsonl(const std::string& path, const c
   return out;
 }
 
-/// ChatGLM2's prompt text for a record (history rounds, then the prompt, ending in "答：").
-inline std::string chatglm2_prompt(const chat_record& r) {
-  std::string s;
-  std::size_t round = 1;
-  for (const auto& [user, assistant] : r.history)
-    s += "[Round " + std::to_string(round++) + "]\n\n问：" + user + "\n\n答：" + assistant + "\n\n";
-  s += "[Round " + std::to_string(round) + "]\n\n问：" + r.prompt + "\n\n答：";
-  return s;
-}
-
 struct chat_encode_options {
   std::size_t max_source_length = 64;
   std::size_t max_target_length = 64;
   std::uint32_t vocab_size = 0;  ///< the model's; 0 = the tokenizer's
+  chat_template_options chat_template = {};  ///< chatglm2 (the default), chatglm3, llama2; system prompt
 };
 
 /// Sequence length of an encoded sample.
@@ -124,21 +113,15 @@ inline std::size_t chat_seq_len(const chat_encode_options& o) { return o.max_sou
 template <tokenizer Tok>
 inline void encode_chat(const chat_record& r, const Tok& tok, const chat_encode_options& o, std::vector<std::int32_t>& tokens,
                         std::vector<std::int32_t>& targets) {
-  LOOM_CHECK(o.max_source_length >= 1 && o.max_target_length >= 1, "encode_chat: max_source_length (", o.max_source_length,
-             ") and max_target_length (", o.max_target_length, ") must be >= 1");
   const std::uint32_t vocab = o.vocab_size ? o.vocab_size : static_cast<std::uint32_t>(tok.vocab_size());
-  std::vector<std::int32_t> a{static_cast<std::int32_t>(tok.bos_id())};
-  auto p = tok.encode(chatglm2_prompt(r));
-  a.insert(a.end(), p.begin(), p.end());
-  a.resize(std::min(a.size(), o.max_source_length));
-  auto b = tok.encode(r.response);
-  b.resize(std::min(b.size(), o.max_target_length));
+  const chat_sample c = make_chat_sample(apply_chat_template(r, tok, o.chat_template), tok,
+                                         {.max_source_length = o.max_source_length, .max_target_length = o.max_target_length});
   const std::size_t L = chat_seq_len(o) + 1;
   std::vector<std::int32_t> input(L, static_cast<std::int32_t>(tok.pad_id())), labels(L, ignore_index);
-  std::copy(a.begin(), a.end(), input.begin());
-  std::copy(b.begin(), b.end(), input.begin() + static_cast<std::ptrdiff_t>(a.size()));
-  std::copy(b.begin(), b.end(), labels.begin() + static_cast<std::ptrdiff_t>(a.size()));
-  input[a.size() + b.size()] = labels[a.size() + b.size()] = static_cast<std::int32_t>(tok.eos_id());
+  for (std::size_t i = 0; i < c.ids.size(); ++i) {
+    input[i] = c.ids[i];
+    if (c.is_response[i]) labels[i] = c.ids[i];
+  }
   for (std::size_t i = 0; i < L; ++i)
     LOOM_CHECK(input[i] >= 0 && static_cast<std::uint32_t>(input[i]) < vocab, "encode_chat: token id ", input[i],
                " >= vocab_size ", vocab, " at position ", i);

@@ -16,7 +16,7 @@
 // are [out, in]. RoPE in these models rotates adjacent pairs (interleaved).
 //
 // tokenizer.bin: int32 max_token_length, then per token: float32 score, int32 length, bytes.
-// Encoding is llama2.c's: optional BOS (1), a leading space piece, one piece per UTF-8
+// The tokenizer satisfies data::tokenizer (data/tokenizer.hpp). Encoding is llama2.c's: optional BOS (1), a leading space piece, one piece per UTF-8
 // character (byte-fallback tokens <0xXX> = id 3 + byte for characters not in the vocabulary),
 // then repeatedly merge the adjacent pair whose concatenation has the highest score.
 //
@@ -32,7 +32,9 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <unordered_map>
 #include <vector>
@@ -231,6 +233,16 @@ class llama2c_tokenizer {
   }
 
   std::int32_t vocab_size() const noexcept { return static_cast<std::int32_t>(pieces_.size()); }
+  // data::tokenizer: LLaMA has no pad token; padding uses <unk> (0), which targets mask anyway.
+  std::int32_t bos_id() const noexcept { return bos; }
+  std::int32_t eos_id() const noexcept { return eos; }
+  std::int32_t pad_id() const noexcept { return 0; }
+  std::optional<std::int32_t> special_id(std::string_view name) const {
+    if (name == "<unk>") return 0;
+    if (name == "<s>") return bos;
+    if (name == "</s>") return eos;
+    return std::nullopt;
+  }
   /// Text of token `id`; ids past the tokenizer's vocabulary read as "" (a model may have more).
   const std::string& piece(std::int32_t id) const {
     static const std::string none;
@@ -238,7 +250,9 @@ class llama2c_tokenizer {
     return id < vocab_size() ? pieces_[static_cast<std::size_t>(id)] : none;
   }
 
-  std::vector<std::int32_t> encode(const std::string& text, bool add_bos = true, bool add_eos = false) const {
+  /// The ids of `text` (llama2.c's encode: a leading " " piece, characters, byte fallback, then
+  /// merges by score); bos / eos only when asked (data::tokenizer's encode(text) adds neither).
+  std::vector<std::int32_t> encode(std::string_view text, bool add_bos = false, bool add_eos = false) const {
     std::vector<std::int32_t> ids;
     if (add_bos) ids.push_back(bos);
     std::vector<std::int32_t> t;
@@ -251,7 +265,7 @@ class llama2c_tokenizer {
       const auto c0 = static_cast<unsigned char>(text[i]);
       if (c0 >= 0xC0) n = c0 >= 0xF0 ? 4 : c0 >= 0xE0 ? 3 : 2;
       while (n > 1 && i + n > text.size()) --n;
-      auto it = lookup_.find(text.substr(i, n));
+      auto it = lookup_.find(std::string(text.substr(i, n)));
       if (it != lookup_.end()) {
         t.push_back(it->second);
       } else {
@@ -294,7 +308,12 @@ class llama2c_tokenizer {
       return std::string(1, static_cast<char>(hex(p[3]) * 16 + hex(p[4])));
     return p;
   }
-  std::string decode(const std::vector<std::int32_t>& ids, std::int32_t prev = bos) const {
+  /// data::tokenizer's decode_piece: decode(prev, id), except that bos / eos give no text (as
+  /// in decode(ids)); prev < 0 (no token before) reads as bos.
+  std::string decode_piece(std::int32_t prev, std::int32_t id) const {
+    return id == bos || id == eos ? std::string() : decode(prev < 0 ? bos : prev, id);
+  }
+  std::string decode(std::span<const std::int32_t> ids, std::int32_t prev = bos) const {
     std::string s;
     for (auto id : ids) {
       if (id == bos || id == eos) {

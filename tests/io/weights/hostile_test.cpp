@@ -167,7 +167,7 @@ TEST_CASE("llama2.c tokenizer: empty, tokenless, truncated, negative or overlong
     CHECK(k.vocab_size() == 5);
     CHECK(k.decode(0, 3) == "<0xZZ>");
     CHECK(k.decode(0, 4) == "A");
-    CHECK(k.encode("xy") == std::vector<std::int32_t>{1, 0, 0});  // no byte tokens in this vocabulary: <unk>
+    CHECK(k.encode("xy", /*add_bos=*/true) == std::vector<std::int32_t>{1, 0, 0});  // no byte tokens in this vocabulary: <unk>
     CHECK(llama2c_tokenizer(p, 3).vocab_size() == 3);
     CHECK(llama2c_tokenizer(p, 100).vocab_size() == 5);  // a model's larger vocabulary is allowed
   }

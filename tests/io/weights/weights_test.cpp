@@ -7,6 +7,7 @@
 #include "checkpoint_fixture.hpp"
 
 #include <loom/core/float16.hpp>
+#include <loom/data/tokenizer.hpp>
 #include <loom/io/llama2c.hpp>
 #include <loom/io/safetensors.hpp>
 
@@ -103,6 +104,8 @@ TEST_CASE("HF safetensors: F32 file, BF16 shards, config.json, and our own write
   }
 }
 
+static_assert(loom::data::tokenizer<llama2c_tokenizer>, "tokenizer.bin serves wherever a data::tokenizer does");
+
 TEST_CASE("llama2.c tokenizer encodes like the Python BPE and decodes back") {
   const auto& f = checkpoint_files::get();
   llama2c_tokenizer tok(f.path("tokenizer.bin"));
@@ -110,8 +113,9 @@ TEST_CASE("llama2.c tokenizer encodes like the Python BPE and decodes back") {
   for (auto& c : f.expected["tokenizer"]) {
     const std::string text = c["text"].get<std::string>();
     CAPTURE(text);
-    const auto ids = tok.encode(text);
+    const auto ids = tok.encode(text, /*add_bos=*/true);
     CHECK(ids == c["ids"].get<std::vector<std::int32_t>>());
+    CHECK(tok.encode(text) == std::vector<std::int32_t>(ids.begin() + 1, ids.end()));  // data::tokenizer's encode: no bos
     CHECK(tok.decode(ids) == text);
   }
 }
