@@ -132,12 +132,13 @@ TEST_CASE("keep_last keeps the newest checkpoints and latest names the last save
   fs::remove_all(root);
 }
 
-TEST_CASE("consolidation streams one tensor at a time: the file equals the closed form, memory is the largest tensor") {
+TEST_CASE("consolidation streams one tensor at a time: under a memory limit below the model it writes the closed form, peak = the largest tensor") {
   namespace fs = std::filesystem;
   const std::string root = "checkpoint_consolidate_test.ckpt";
   fs::remove_all(root);
   run(split_by_columns(), 2, root, 3, true);
   loom::host_memory_resource mr("consolidate");
+  mr.set_limit(2 * 24 * sizeof(float));  // twice the largest tensor: less than the model's 53 floats
   const std::size_t largest = loom::checkpoint::consolidate(root, root + "/model.safetensors", mr);
   CHECK(largest == 24);
   CHECK(mr.peak_bytes() == largest * sizeof(float));
@@ -170,6 +171,10 @@ TEST_CASE("another model, a missing rank file or a bad manifest is refused namin
   fs::remove(root + "/step-1/rank-00001.safetensors");
   CHECK(error_of([&] { loom::checkpoint::reader{root}; }).find("rank-00001.safetensors") != std::string::npos);
   CHECK(error_of([&] { loom::checkpoint::resolve("no_such_dir"); }).find("neither manifest.json") != std::string::npos);
+  std::ofstream(root + "/latest") << std::string(100000, 'x');  // a latest file that is no step name
+  const std::string m = error_of([&] { loom::checkpoint::resolve(root); });
+  CHECK(m.find("names no checkpoint directory") != std::string::npos);
+  CHECK(m.size() < 400);
   fs::remove_all(root);
 }
 

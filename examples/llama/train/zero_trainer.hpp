@@ -7,15 +7,15 @@
 // configured stage partitions them (stage 3 gathers one decoder block at a time, with the
 // config's prefetch bucket and live-parameters cap), and the model's layers reading their
 // parameters from the engine. What this file adds is llama-train's side: the ds_config's
-// options, the data (examples/common/batches.hpp: micro-batch g of step t is batch t G + g,
+// options, the data (include/loom/data/batches.hpp: micro-batch g of step t is batch t G + g,
 // whatever the number of ranks), the lr schedule, --save/--resume (sharded checkpoints) and
 // llama-train's progress lines.
 
 #include "trainer.hpp"  // options, results, progress_line
 
-#include <common/batches.hpp>
-#include <common/loss_scaler.hpp>
-#include <common/zero_options.hpp>
+#include <loom/data/batches.hpp>
+#include <loom/zero/ds_config.hpp>
+#include <loom/zero/ds_config.hpp>
 #include <llama/train3d/checkpoint.hpp>
 #include <loom/comm/self_comm.hpp>
 #include <loom/comm/thread_comm.hpp>
@@ -35,7 +35,7 @@ namespace llama_train {
 
 /// The mesh trainer's options for a resolved ds_config on `world` data-parallel ranks.
 inline llama3d::train_options zero_train_options(const options& o, const loom::io::ds_config& c, int world) {
-  const loom::zero::engine_options e = examples::zero_engine_options(c);
+  const loom::zero::engine_options e = loom::zero::engine_options_from(c);
   llama3d::train_options t;
   t.mesh = {world, 1, 1};
   t.zero_stage = c.zero.stage;
@@ -50,7 +50,7 @@ inline llama3d::train_options zero_train_options(const options& o, const loom::i
   t.nvme_path = e.nvme_path;
   t.seed = o.seed;
   t.checkpointing = o.checkpointing || c.activation_checkpointing.enabled;
-  t.loss_scaler = examples::make_loss_scaler(c);
+  t.loss_scaler = loom::zero::loss_scaler_from(c);
   return t;
 }
 
@@ -63,10 +63,10 @@ train_result run_zero_rank(C& comm, const options& o, const loom::io::ds_config&
   const llama3d::train_options to = zero_train_options(o, c, world);
   llama3d::trainer<P, float, C> t(comm, o.model, to, mem, &params);
   const int G = world * to.micro_batches;  // micro-batches per step, all ranks together
-  examples::batch_loader loader = examples::make_batch_loader(o.data, o.model.vocab, o.model.seq_len, to.micro_batch_size, o.seed);
+  loom::data::batch_loader loader = loom::data::make_batch_loader(o.data, o.model.vocab, o.model.seq_len, to.micro_batch_size, o.seed);
   loom::data::token_batch batch;
   const auto data = [&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
-    examples::global_micro_batch(loader, step, g, G, batch);
+    loom::data::global_micro_batch(loader, step, g, G, batch);
     std::copy(batch.tokens.begin(), batch.tokens.end(), tok.begin());
     std::copy(batch.targets.begin(), batch.targets.end(), tgt.begin());
   };

@@ -6,9 +6,9 @@
 #include <common/cli.hpp>
 #include <common/fail_fast.hpp>
 #include <common/fault_inject.hpp>
-#include <common/batches.hpp>
-#include <common/loss_scaler.hpp>
-#include <common/zero_options.hpp>
+#include <loom/data/batches.hpp>
+#include <loom/zero/ds_config.hpp>
+#include <loom/zero/ds_config.hpp>
 #include "checkpoint.hpp"
 #include "train3d.hpp"
 
@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
                  std::string(loom::dtype_name(c.precision())), " (", o.config_path, ")");
       // offload to cpu: optimizer states and parameters live in host memory on the host
       // backend already; nvme: the engine keeps the optimizer states in a mapped file
-      const loom::zero::engine_options eo = examples::zero_engine_options(c);
+      const loom::zero::engine_options eo = loom::zero::engine_options_from(c);
       o.train.stage3 = eo.stage3;
       o.train.offload_optimizer = eo.offload_optimizer;
       o.train.nvme_path = eo.nvme_path;
@@ -205,7 +205,7 @@ int main(int argc, char** argv) {
                      c.zero.offload_param.device == loom::io::offload_device::cpu;
       o.train.checkpointing = o.train.checkpointing || c.activation_checkpointing.enabled;
       o.precision = c.precision();
-      o.train.loss_scaler = examples::make_loss_scaler(c);
+      o.train.loss_scaler = loom::zero::loss_scaler_from(c);
       o.train.zero_stage = c.zero.stage;
       o.train.micro_batch_size = c.train_micro_batch_size_per_gpu;
       o.train.micro_batches = static_cast<int>(c.gradient_accumulation_steps);
@@ -258,13 +258,13 @@ int main(int argc, char** argv) {
       }
       const double tokens = double(mesh.dp) * o.train.micro_batches * double(o.train.micro_batch_size * o.train.seq);
       // Real data: every rank reads the micro-batches it is given by their global index
-      // (examples/common/batches.hpp), so the loss curve is the same on every mesh.
-      std::optional<examples::batch_loader> loader;
+      // (include/loom/data/batches.hpp), so the loss curve is the same on every mesh.
+      std::optional<loom::data::batch_loader> loader;
       if (!o.data.empty())
-        loader.emplace(examples::make_batch_loader(o.data, o.cfg.vocab, o.train.seq, o.train.micro_batch_size, o.train.seed));
-      std::optional<examples::batch_loader> eval_loader;
+        loader.emplace(loom::data::make_batch_loader(o.data, o.cfg.vocab, o.train.seq, o.train.micro_batch_size, o.train.seed));
+      std::optional<loom::data::batch_loader> eval_loader;
       if (!o.eval_data.empty())
-        eval_loader.emplace(examples::make_batch_loader(o.eval_data, o.cfg.vocab, o.train.seq, o.train.micro_batch_size,
+        eval_loader.emplace(loom::data::make_batch_loader(o.eval_data, o.cfg.vocab, o.train.seq, o.train.micro_batch_size,
                                                         o.train.seed));
       const std::int64_t held_out = std::int64_t(1) << 40;
       loom::data::token_batch batch;
@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
         auto st = t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
           if (!loader)
             return llama3d::counting_batch(o.train.seed, step, g, o.train.micro_batch_size, o.train.seq, o.cfg.vocab, tok, tgt);
-          examples::global_micro_batch(*loader, step, g, G, batch);
+          loom::data::global_micro_batch(*loader, step, g, G, batch);
           std::copy(batch.tokens.begin(), batch.tokens.end(), tok.begin());
           std::copy(batch.targets.begin(), batch.targets.end(), tgt.begin());
         });
@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
                           if (!eval_loader)  // held-out counting batches: step indices training never reaches
                             return llama3d::counting_batch(o.train.seed, held_out + index, g, o.train.micro_batch_size,
                                                            o.train.seq, o.cfg.vocab, tok, tgt);
-                          examples::global_micro_batch(*eval_loader, index, g, G, batch);
+                          loom::data::global_micro_batch(*eval_loader, index, g, G, batch);
                           std::copy(batch.tokens.begin(), batch.tokens.end(), tok.begin());
                           std::copy(batch.targets.begin(), batch.targets.end(), tgt.begin());
                         },

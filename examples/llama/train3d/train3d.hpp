@@ -83,7 +83,7 @@ struct train_options {
   /// block's activations, recomputed block by block in backward (ds_config's
   /// activation_checkpointing.enabled).
   bool checkpointing = false;
-  /// 1 (none: fp32, bfloat16), or ds_config's fp16 section (examples::make_loss_scaler)
+  /// 1 (none: fp32, bfloat16), or ds_config's fp16 section (loom::zero::loss_scaler_from)
   loom::amp::any_loss_scaler loss_scaler{loom::amp::static_loss_scaler(1.f)};
 
   void validate() const {

@@ -8,9 +8,9 @@
 //
 // Why a hook for agreement: with data parallelism (ZeRO, 3D) every rank must take the same
 // decision (skip the step or not, halve the scale or not), yet each rank only sees its own
-// gradient shard. detect_overflow() scans locally, then asks an `overflow_agreement` — any
-// callable bool(bool) — for the global answer. `local_overflow` is the 1-rank identity;
-// `comm_overflow<C>` all-reduces with max over any loom communicator.
+// gradient shard. detect_overflow() scans locally, then asks a `comm::scalar_reducer<bool>`
+// for the global answer: `comm::no_reduce` on one rank, `comm::scalar_all_reduce<C>` (any
+// rank's flag) over a loom communicator.
 
 #include <loom/comm/communicator.hpp>
 #include <loom/core/dtype.hpp>
@@ -23,26 +23,6 @@
 #include <type_traits>
 
 namespace loom::amp {
-
-/// Requires: A is callable with this rank's overflow flag and returns the flag all ranks agree on.
-template <class A>
-concept overflow_agreement = std::invocable<A&, bool> && std::convertible_to<std::invoke_result_t<A&, bool>, bool>;
-
-/// One rank: the local answer is the answer.
-struct local_overflow {
-  bool operator()(bool local) const noexcept { return local; }
-};
-
-/// Any rank overflowed -> every rank sees overflow (all-reduce max of a 0/1 flag).
-template <comm::communicator C>
-struct comm_overflow {
-  C* comm;
-  bool operator()(bool local) const {
-    float flag = local ? 1.f : 0.f;
-    comm->all_reduce(std::span<const float>(&flag, 1), std::span<float>(&flag, 1), comm::reduce_op::max);
-    return flag > 0.f;
-  }
-};
 
 namespace detail {
 template <class T> struct exponent_mask;
@@ -69,8 +49,8 @@ inline bool has_nonfinite(std::span<const T> x) noexcept {
   return bad != 0;
 }
 
-/// Scans this rank's gradients, then returns what all ranks agree on (see overflow_agreement).
-template <floating_element T, overflow_agreement A = local_overflow>
+/// Scans this rank's gradients, then returns what all ranks agree on (see the file comment).
+template <floating_element T, comm::scalar_reducer<bool> A = comm::no_reduce>
 inline bool detect_overflow(std::span<const T> grads, A&& agree = {}) {
   return static_cast<bool>(agree(has_nonfinite(grads)));
 }

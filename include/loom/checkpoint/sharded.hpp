@@ -241,11 +241,13 @@ inline std::string resolve(const std::string& path) {
   if (fs::exists(path + "/manifest.json")) return path;
   std::ifstream f(path + "/latest");
   LOOM_CHECK(f.good(), "checkpoint: '", path, "' holds neither manifest.json nor a 'latest' file");
-  std::string name;
-  f >> name;
-  LOOM_CHECK(!name.empty() && name.find('/') == std::string::npos && name.find("..") == std::string::npos,
+  std::string name(256, '\0');  // "step-<N>\n": a longer file names no checkpoint of ours
+  f.read(name.data(), static_cast<std::streamsize>(name.size()));
+  name.resize(static_cast<std::size_t>(f.gcount()));
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ' || name.back() == '\r')) name.pop_back();
+  LOOM_CHECK(detail::step_of(name) >= 0,  // step-<N>: what save writes, never a path
              "checkpoint: '", path, "/latest' names no checkpoint directory ('", name.substr(0, 64), "')");
-  LOOM_CHECK(fs::exists(path + "/" + name + "/manifest.json"), "checkpoint: '", path, "/latest' names '", name,
+  LOOM_CHECK(fs::exists(path + "/" + name + "/manifest.json"), "checkpoint: '", path, "/latest' names '", name.substr(0, 64),
              "', which holds no manifest.json");
   return path + "/" + name;
 }
@@ -268,8 +270,12 @@ class reader {
     for (auto& [name, shape] : manifest_["tensors"].items()) {
       std::vector<std::int64_t> v;
       LOOM_CHECK(shape.is_array(), what_, ": tensor '", name.substr(0, 80), "' has no shape");
-      for (std::size_t i = 0; i < shape.size(); ++i)
+      std::int64_t numel = 1;  // every later size (a consolidation's buffer, a writer's offsets) is this product
+      for (std::size_t i = 0; i < shape.size(); ++i) {
         v.push_back(data::json_integer(shape[i], what_ + ": shape of '" + name.substr(0, 80) + "'", 1, INT64_MAX));
+        LOOM_CHECK(!__builtin_mul_overflow(numel, v.back(), &numel), what_, ": tensor '", name.substr(0, 80), "' has shape ",
+                   data::quote_json(shape), ", more elements than int64 holds");
+      }
       shapes_[name] = std::move(v);
     }
     const auto field = [&](const char* k) { return manifest_.contains(k) ? manifest_[k] : nlohmann::json(); };
@@ -295,6 +301,19 @@ class reader {
   std::int64_t step() const noexcept { return step_; }
   /// Every tensor's name and full shape.
   const tensor_shapes& shapes() const noexcept { return shapes_; }
+  /// The element count of tensor `name` by its shape, refused when its master pieces hold
+  /// fewer (they are bounded by the rank files' sizes, the manifest's shape is not): what a
+  /// buffer for the whole tensor may be sized by.
+  std::size_t numel(const std::string& name) const {
+    const auto s = shapes_.find(name);
+    LOOM_CHECK(s != shapes_.end(), what_, ": has no tensor '", name.substr(0, 80), "'");
+    std::size_t n = 1, held = 0;
+    for (auto e : s->second) n *= static_cast<std::size_t>(e);  // the constructor checked the product
+    if (const auto it = where_.find(name); it != where_.end())
+      for (const located& l : it->second) held += l.count;
+    LOOM_CHECK(n <= held, what_, ": tensor '", name.substr(0, 80), "' has ", n, " elements by its shape, its pieces hold ", held);
+    return n;
+  }
   /// Bytes of the rank files (the state on disk).
   std::uint64_t bytes() const {
     std::uint64_t n = 0;
@@ -319,7 +338,7 @@ class reader {
   void read(int kind, const std::string& name, std::size_t first, std::span<float> out) const {
     LOOM_CHECK(kind >= 0 && kind < 3, "checkpoint::reader::read: kind must be 0, 1 or 2, got kind=", kind);
     const auto it = where_.find(name);
-    LOOM_CHECK(it != where_.end(), what_, ": no piece of tensor '", name, "'");
+    LOOM_CHECK(it != where_.end(), what_, ": no piece of tensor '", name.substr(0, 80), "'");
     std::size_t got = 0;
     // pieces are sorted by their first element and do not overlap: start at the last piece
     // that begins at or before `first` (a tensor cut into rows has thousands of pieces)
@@ -333,7 +352,7 @@ class reader {
       io::read_safetensors_range(index_[l->file], key, a - l->full, out.subspan(a - first, b - a));
       got += b - a;
     }
-    LOOM_CHECK(got == out.size(), what_, ": tensor '", name, "' elements [", first, ", ", first + out.size(),
+    LOOM_CHECK(got == out.size(), what_, ": tensor '", name.substr(0, 80), "' elements [", first, ", ", first + out.size(),
                ") are covered by ", got, " elements of its pieces");
   }
 
@@ -406,8 +425,7 @@ inline std::size_t write_master(const reader& ck, io::safetensors_writer& w, con
   for (const auto& [out_name, shape] : shapes) {
     const auto it = source.find(out_name);
     const std::string& name = it == source.end() ? out_name : it->second;
-    std::size_t n = 1;
-    for (auto e : shape) n *= static_cast<std::size_t>(e);
+    const std::size_t n = ck.numel(name);
     largest = std::max(largest, n);
     buffer<float> t(n, mr);
     ck.read(0, name, 0, t.span());
@@ -463,8 +481,7 @@ inline int export_folder(const std::string& path, const std::string& out_dir, co
   for (const auto& [name, shape] : ck.shapes()) source[name_of(name)] = name;
   LOOM_CHECK(source.size() == ck.shapes().size(), "checkpoint::export_folder: two tensors are given the same name");
   for (const auto& [out_name, name] : source) {
-    std::uint64_t bytes = es;
-    for (auto e : ck.shapes().at(name)) bytes *= static_cast<std::uint64_t>(e);
+    const std::uint64_t bytes = es * ck.numel(name);  // numel is bounded by the files: no overflow
     if (in_shard > 0 && in_shard + bytes > opt.max_shard_bytes) shards.emplace_back(), in_shard = 0;
     shards.back()[out_name] = ck.shapes().at(name);
     in_shard += bytes;

@@ -100,4 +100,34 @@ concept communicator = std::movable<C> && requires(C& c, const C& cc, std::span<
   { c.split(color, key) } -> std::same_as<C>;
 };
 
+/// Requires: R maps this rank's scalar of type T to the value over all ranks. The hook a
+/// global decision takes (the gradient norm's square sum, "did any rank overflow"), so the
+/// same code runs on one rank (`no_reduce`) and on a group (`scalar_all_reduce`).
+template <class R, class T>
+concept scalar_reducer = std::invocable<R&, T> && std::convertible_to<std::invoke_result_t<R&, T>, T>;
+
+/// One rank: the local value is the value.
+struct no_reduce {
+  template <class T>
+  T operator()(T x) const noexcept {
+    return x;
+  }
+};
+
+/// All-reduces one scalar over `comm` with `op`. A bool is a flag: true when any rank's is.
+template <communicator C>
+struct scalar_all_reduce {
+  C* comm = nullptr;
+  reduce_op op = reduce_op::sum;
+  double operator()(double x) const {
+    comm->all_reduce(std::span<const double>(&x, 1), std::span<double>(&x, 1), op);
+    return x;
+  }
+  bool operator()(bool any) const {
+    float flag = any ? 1.f : 0.f;
+    comm->all_reduce(std::span<const float>(&flag, 1), std::span<float>(&flag, 1), reduce_op::max);
+    return flag > 0.f;
+  }
+};
+
 }  // namespace loom::comm

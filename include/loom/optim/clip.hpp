@@ -3,9 +3,9 @@
 //
 // Why a reducer hook: the norm is global over all parameters, but with ZeRO each rank holds
 // a shard of the gradients (and with tensor parallelism a slice of each). Each rank sums the
-// squares of what it owns, a `norm_reducer` (any callable double(double)) sums those over
-// ranks, and every rank scales its own piece by the same factor. `local_sum` is one rank;
-// `comm_sum<C>` all-reduces over a loom communicator.
+// squares of what it owns, a `comm::scalar_reducer<double>` sums those over ranks, and every
+// rank scales its own piece by the same factor: `comm::no_reduce` on one rank,
+// `comm::scalar_all_reduce<C>` (sum) over a loom communicator.
 //
 // Rule (torch 1.13 clip_grad_norm_ with max_norm, norm_type 2):
 //   norm = sqrt(sum g^2);  coef = max_norm / (norm + 1e-6);  if coef < 1: g *= coef.
@@ -25,23 +25,6 @@
 
 namespace loom::optim {
 
-/// Requires: R maps this rank's partial sum to the sum over all ranks.
-template <class R>
-concept norm_reducer = std::invocable<R&, double> && std::convertible_to<std::invoke_result_t<R&, double>, double>;
-
-struct local_sum {
-  double operator()(double x) const noexcept { return x; }
-};
-
-template <comm::communicator C>
-struct comm_sum {
-  C* comm;
-  double operator()(double x) const {
-    comm->all_reduce(std::span<const double>(&x, 1), std::span<double>(&x, 1), comm::reduce_op::sum);
-    return x;
-  }
-};
-
 /// Sum of squares of x, in double.
 inline double sum_of_squares(std::span<const float> x) noexcept {
   double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -54,7 +37,7 @@ inline double sum_of_squares(std::span<const float> x) noexcept {
 }
 
 /// The global 2-norm over this rank's pieces and, through `reduce`, over all ranks.
-template <norm_reducer R = local_sum>
+template <comm::scalar_reducer<double> R = comm::no_reduce>
 inline double global_norm(std::initializer_list<std::span<const float>> pieces, R&& reduce = {}) {
   double s = 0;
   for (auto p : pieces) s += sum_of_squares(p);
@@ -62,7 +45,7 @@ inline double global_norm(std::initializer_list<std::span<const float>> pieces, 
 }
 
 /// Clips this rank's pieces to a global norm of at most max_norm; returns the norm before clipping.
-template <norm_reducer R = local_sum>
+template <comm::scalar_reducer<double> R = comm::no_reduce>
 inline double clip_by_global_norm(std::initializer_list<std::span<float>> pieces, double max_norm, R&& reduce = {}) {
   LOOM_CHECK(max_norm > 0, "clip_by_global_norm: max_norm must be > 0, got max_norm=", max_norm);
   double s = 0;
@@ -78,7 +61,7 @@ inline double clip_by_global_norm(std::initializer_list<std::span<float>> pieces
   return norm;
 }
 
-template <norm_reducer R = local_sum>
+template <comm::scalar_reducer<double> R = comm::no_reduce>
 inline double clip_by_global_norm(std::span<float> grads, double max_norm, R&& reduce = {}) {
   return clip_by_global_norm({grads}, max_norm, std::forward<R>(reduce));
 }

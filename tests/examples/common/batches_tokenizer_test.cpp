@@ -1,9 +1,9 @@
-// examples/common/batches.hpp with a tokenizer.model and the chatglm3 template: every row the
+// include/loom/data/batches.hpp with a tokenizer.model and the chatglm3 template: every row the
 // trainers get is one of the rows the Python transcription of the template gives
 // (tests/data/tokenizer_fixtures.py, max_source = max_target = 64), shifted and padded as
 // ChatGLM's ptuning does; a tokenizer larger than the model is refused naming both sizes.
 #include <support/error_of.hpp>
-#include <common/batches.hpp>
+#include <loom/data/batches.hpp>
 #include <tokenizer_file.hpp>
 
 #include <doctest/doctest.h>
@@ -40,13 +40,13 @@ TEST_CASE("chat JSONL through a tokenizer.model and the chatglm3 template: the t
   const auto tok = examples::open_tokenizer(fixtures + "/bpe.model", "chatglm3");
   const auto want = oracle_rows(tok.pad_id());
   REQUIRE(want.size() > 30);
-  examples::chat_encoding chat{.tokenizer = &tok, .chat_template = {.kind = loom::data::chat_template::chatglm3,
+  loom::data::chat_encoding chat{.tokenizer = &tok, .chat_template = {.kind = loom::data::chat_template::chatglm3,
                                                                      .system = "You are a helpful assistant. 请用中文回答。"}};
-  auto loader = examples::make_batch_loader({fixtures + "/records.jsonl"}, 2048, 128, 4, 7, 0, 1, chat);
+  auto loader = loom::data::make_batch_loader({fixtures + "/records.jsonl"}, 2048, 128, 4, 7, 0, 1, chat);
   loom::data::token_batch batch;
   std::set<std::vector<std::int32_t>> seen;
   for (int g = 0; g < 10; ++g) {
-    examples::global_micro_batch(loader, 0, g, 10, batch);
+    loom::data::global_micro_batch(loader, 0, g, 10, batch);
     REQUIRE(batch.seq_len == 128);
     for (std::size_t b = 0; b < batch.batch; ++b) {
       const std::vector<std::int32_t> t(batch.tokens.begin() + b * 128, batch.tokens.begin() + (b + 1) * 128);
@@ -57,15 +57,15 @@ TEST_CASE("chat JSONL through a tokenizer.model and the chatglm3 template: the t
   }
   CHECK(seen.size() > 20);
 
-  const std::string e = loom::test::error_of([&] { examples::make_batch_loader({fixtures + "/records.jsonl"}, 1000, 128, 4, 7, 0, 1, chat); });
+  const std::string e = loom::test::error_of([&] { loom::data::make_batch_loader({fixtures + "/records.jsonl"}, 1000, 128, 4, 7, 0, 1, chat); });
   CHECK(e.find("bpe.model'") != std::string::npos);
   CHECK(e.find("vocab_size=1409 is larger than the model's vocab_size=1000") != std::string::npos);
 }
 
 TEST_CASE("without a tokenizer the chat path stays byte-level (bos first, as before)") {
-  auto loader = examples::make_batch_loader({fixtures + "/records.jsonl"}, 259, 64, 2, 7);
+  auto loader = loom::data::make_batch_loader({fixtures + "/records.jsonl"}, 259, 64, 2, 7);
   loom::data::token_batch batch;
-  examples::global_micro_batch(loader, 0, 0, 1, batch);
+  loom::data::global_micro_batch(loader, 0, 0, 1, batch);
   CHECK(batch.tokens[0] == 256);
   CHECK(batch.tokens[64] == 256);
 }

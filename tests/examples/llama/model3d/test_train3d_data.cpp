@@ -1,10 +1,10 @@
-// The 3D trainer on real data (examples/common/batches.hpp): token shards and chat JSONL
+// The 3D trainer on real data (include/loom/data/batches.hpp): token shards and chat JSONL
 // records, micro-batch g of step t read by its global index, so every mesh trains on the same
 // rows: 8 steps on (1,2,1), (2,1,2) and (2,2,1) equal the (1,1,1) run (losses within 1e-5
 // relative, consolidated master within 1e-5), and the loss falls on the learnable shard.
 #include "train3d_suite.hpp"
 
-#include <common/batches.hpp>
+#include <loom/data/batches.hpp>
 #include <loom/data/token_shard.hpp>
 
 #include <cstdio>
@@ -32,13 +32,13 @@ run_result run_on_data(loom::comm::mesh_shape mesh, int m, const llama::config& 
   run_result out;
   loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
     llama3d::trainer<double, double, thread_comm> t(world, cfg, o, loom::default_resource<loom::host>());
-    auto loader = examples::make_batch_loader(data, cfg.vocab, o.seq, o.micro_batch_size, o.seed);
+    auto loader = loom::data::make_batch_loader(data, cfg.vocab, o.seq, o.micro_batch_size, o.seed);
     loom::data::token_batch batch;
     const int G = mesh.dp * m;
     run_result r;
     for (int s = 0; s < n_steps; ++s)
       r.losses.push_back(t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
-                            examples::global_micro_batch(loader, step, g, G, batch);
+                            loom::data::global_micro_batch(loader, step, g, G, batch);
                             REQUIRE(batch.tokens.size() == tok.size());
                             std::copy(batch.tokens.begin(), batch.tokens.end(), tok.begin());
                             std::copy(batch.targets.begin(), batch.targets.end(), tgt.begin());
@@ -86,7 +86,7 @@ TEST_CASE("3D training on chat records (loss on responses only): every mesh equa
     CAPTURE(mesh.tp);
     compare(run_on_data(mesh, 4 / mesh.dp, cfg, data, 4), base1);
   }
-  CHECK_THROWS_WITH_AS(examples::make_batch_loader({tmp.path("chat.jsonl"), tmp.path("x.bin")}, 260, 24, 1, 1),
+  CHECK_THROWS_WITH_AS(loom::data::make_batch_loader({tmp.path("chat.jsonl"), tmp.path("x.bin")}, 260, 24, 1, 1),
                        doctest::Contains("must be the only file"), loom::error);
-  CHECK_THROWS_WITH_AS(examples::make_batch_loader(data, 100, 24, 1, 1), doctest::Contains("vocab >= "), loom::error);
+  CHECK_THROWS_WITH_AS(loom::data::make_batch_loader(data, 100, 24, 1, 1), doctest::Contains("vocab >= "), loom::error);
 }

@@ -1,8 +1,8 @@
 #pragma once
-// The training data of llama-train and llama-train3d: token shards, or (one path ending in
+// Training data for a trainer: token shards, or (one path ending in
 // .jsonl) chat records with the loss on the responses only, as (tokens, targets) micro-batches.
 //
-// Why one place: both trainers read the same files the same way (the shards' windows or the
+// Why one place: every trainer reads the same files the same way (the shards' windows or the
 // encoded records, in one shuffled order per epoch); what differs is only who asks for which
 // micro-batch. global_micro_batch() gives micro-batch g of the G in a training step (G over
 // all data-parallel ranks together) at step t, the rows the same whichever rank asks, so a
@@ -22,7 +22,7 @@
 #include <variant>
 #include <vector>
 
-namespace examples {
+namespace loom::data {
 
 using batch_loader = std::variant<loom::data::token_loader, loom::data::chat_loader>;
 
@@ -82,4 +82,4 @@ inline void global_micro_batch(batch_loader& loader, std::int64_t step, int g, i
       loader);
 }
 
-}  // namespace examples
+}  // namespace loom::data
