@@ -1,8 +1,10 @@
 #pragma once
 // The mesh trainer's sharded checkpoints: loom::checkpoint (include/loom/checkpoint/
 // sharded.hpp) over the trainer's model chunks and ZeRO engines. The manifest also records
-// the mesh and stage it was saved at and the loss scaler's state; the step is the optimizer
-// steps taken, which is also the data cursor and the lr schedule's position.
+// the mesh and stage it was saved at, the seed, the lr schedule's position (the step), the
+// data cursor (micro-batches consumed: step x micro-batches per step) and the loss scaler's
+// state. A resume needs the same seed and micro-batches per step (else its data would not
+// continue the saved run's); the mesh and ZeRO stage may differ.
 
 #include "train3d.hpp"
 
@@ -35,9 +37,13 @@ inline loom::checkpoint::tensor_shapes tensor_shapes(const llama::config& cfg) {
 template <class P, class T, class C>
 std::string save_checkpoint(trainer<P, T, C>& t, const std::string& root, int keep_last = 0) {
   const auto& o = t.options();
+  const std::int64_t G = std::int64_t(o.mesh.dp) * o.micro_batches;  // micro-batches a step takes
   const nlohmann::json meta = {{"world", t.mesh().world().size()},
                                {"mesh", {{"dp", o.mesh.dp}, {"tp", o.mesh.tp}, {"pp", o.mesh.pp}}},
                                {"zero_stage", o.zero_stage},
+                               {"seed", o.seed},
+                               {"lr_step", t.steps()},
+                               {"data", {{"micro_batches_per_step", G}, {"cursor", t.steps() * G}}},
                                {"loss_scaler", loom::checkpoint::scaler_json(t.loss_scaler())}};
   const auto chunks = detail::checkpoint_chunks(t);
   return loom::checkpoint::save(t.mesh().world(), root, t.steps(), std::span(std::as_const(chunks)),
@@ -50,6 +56,21 @@ template <class P, class T, class C>
 void load_checkpoint(trainer<P, T, C>& t, const std::string& path) {
   const loom::checkpoint::reader ck(path);
   ck.check_model(detail::tensor_shapes(t.model().cfg()));
+  // the run continues the saved one only with its data order: the same seed (the data's and
+  // the model's RNG) and the same micro-batches per step (micro-batch g of step t is batch
+  // t G + g); a different mesh or stage is fine
+  const auto& o = t.options();
+  const auto& m = ck.manifest();
+  const std::string what = "checkpoint '" + ck.dir() + "'";
+  if (m.contains("seed"))
+    LOOM_CHECK(m["seed"].is_number_unsigned() && m["seed"].get<std::uint64_t>() == o.seed, what, ": saved with seed ",
+               loom::data::quote_json(m["seed"]), ", this run has seed=", o.seed, " (its data order would differ; pass that seed)");
+  if (m.contains("data") && m["data"].is_object() && m["data"].contains("micro_batches_per_step")) {
+    const std::int64_t saved = loom::data::json_integer(m["data"]["micro_batches_per_step"], what + ": data.micro_batches_per_step", 1, INT64_MAX);
+    const std::int64_t now = std::int64_t(o.mesh.dp) * o.micro_batches;
+    LOOM_CHECK(saved == now, what, ": saved with ", saved, " micro-batches per step (dp x micro-batches), this run takes ", now,
+               " (dp=", o.mesh.dp, ", micro_batches=", o.micro_batches, "): the data cursor would not continue the saved run");
+  }
   const auto chunks = detail::checkpoint_chunks(t);
   loom::checkpoint::load(ck, std::span(std::as_const(chunks)));
   loom::checkpoint::restore_scaler(ck, t.loss_scaler());

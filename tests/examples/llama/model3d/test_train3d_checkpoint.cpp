@@ -5,6 +5,8 @@
 // tolerance: only the order of summation differs). Computation in double.
 #include "checkpoint_suite.hpp"
 
+#include <support/error_of.hpp>
+
 #include <llama/generate/llama_loader.hpp>
 #include <llama/model/llama.hpp>
 
@@ -140,6 +142,21 @@ TEST_CASE("checkpoints: a torn file or another model is refused naming the file 
   // another model (more layers) is refused naming a tensor it lacks
   fs::remove_all(root);
   segment({1, 1, 1}, 0, 0, 1, "", root);
+  // another seed or another number of micro-batches per step would not continue the saved
+  // run's data: refused naming both values
+  for (const auto& [seed, micro] : {std::pair<std::uint64_t, int>{99, 4}, std::pair<std::uint64_t, int>{0, 2}}) {
+    auto o = options({1, 1, 1}, 0, "1f1b", micro);
+    if (seed) o.seed = seed;
+    const std::string m = loom::test::error_of([&] {
+      loom::comm::run_ranks(1, [&](thread_comm& world) {
+        llama3d::trainer<double, double, thread_comm> t(world, tiny(false), o, loom::default_resource<loom::host>());
+        llama3d::load_checkpoint(t, root);
+      });
+    });
+    CAPTURE(m);
+    CHECK(m.find(seed ? "this run has seed=99" : "saved with 4 micro-batches per step (dp x micro-batches), this run takes 2") !=
+          std::string::npos);
+  }
   const auto o = options({1, 1, 1}, 0, "1f1b", 4);
   CHECK_THROWS_WITH_AS(loom::comm::run_ranks(1,
                                              [&](thread_comm& world) {
