@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <unistd.h>
 
@@ -36,6 +37,31 @@ inline const std::string& write_input(const std::uint8_t* data, std::size_t size
     std::abort();  // the harness cannot work without its scratch file: stop rather than fuzz nothing
   }
   return p;
+}
+
+/// Traps when the scratch file is still mapped (Linux: /proc/self/maps), looking once every
+/// `every` calls (reading the maps costs several executions). For readers that map their file:
+/// a mapping left behind by a refused input is a leak no sanitizer reports, and it slows every
+/// later truncation of the scratch file.
+inline void check_unmapped(unsigned every = 128) {
+  static unsigned calls = 0;
+  if (++calls % every != 0) return;
+  std::FILE* f = std::fopen("/proc/self/maps", "r");
+  if (!f) return;
+  const std::string& p = scratch_path();
+  char line[4096];
+  bool mapped = false;
+  while (!mapped && std::fgets(line, sizeof line, f)) {
+    std::size_t n = std::strlen(line);
+    if (n && line[n - 1] == '\n') line[--n] = '\0';
+    mapped = n >= p.size() && std::memcmp(line + n - p.size(), p.data(), p.size()) == 0;
+  }
+  std::fclose(f);
+  if (mapped) {
+    std::fprintf(stderr, "loom-fuzz: the reader left %s mapped, after this input or one of the %u before it\n", p.c_str(),
+                 every - 1);
+    __builtin_trap();
+  }
 }
 
 /// Runs `f`; only loom::error (the documented way to refuse input) is swallowed. With
