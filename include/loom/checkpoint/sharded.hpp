@@ -268,8 +268,12 @@ class reader {
     for (auto& [name, shape] : manifest_["tensors"].items()) {
       std::vector<std::int64_t> v;
       LOOM_CHECK(shape.is_array(), what_, ": tensor '", name.substr(0, 80), "' has no shape");
-      for (std::size_t i = 0; i < shape.size(); ++i)
+      std::int64_t numel = 1;  // every later size (a consolidation's buffer, a writer's offsets) is this product
+      for (std::size_t i = 0; i < shape.size(); ++i) {
         v.push_back(data::json_integer(shape[i], what_ + ": shape of '" + name.substr(0, 80) + "'", 1, INT64_MAX));
+        LOOM_CHECK(!__builtin_mul_overflow(numel, v.back(), &numel), what_, ": tensor '", name.substr(0, 80), "' has shape ",
+                   data::quote_json(shape), ", more elements than int64 holds");
+      }
       shapes_[name] = std::move(v);
     }
     const auto field = [&](const char* k) { return manifest_.contains(k) ? manifest_[k] : nlohmann::json(); };
@@ -287,7 +291,14 @@ class reader {
             {static_cast<std::size_t>(std::stoull(key.substr(slash + 1))), static_cast<std::size_t>(e.count), index_.size() - 1});
       }
     }
-    for (auto& [name, v] : where_) std::sort(v.begin(), v.end(), [](const located& a, const located& b) { return a.full < b.full; });
+    for (auto& [name, v] : where_) {
+      std::sort(v.begin(), v.end(), [](const located& a, const located& b) { return a.full < b.full; });
+      // read() finds a range's pieces by binary search, which holds only if none overlap (a save
+      // writes each element once); two pieces claiming one element are a corrupt checkpoint
+      for (std::size_t i = 1; i < v.size(); ++i)
+        LOOM_CHECK(v[i - 1].full + v[i - 1].count <= v[i].full, what_, ": tensor '", name.substr(0, 80), "' has pieces at ",
+                   v[i - 1].full, " (", v[i - 1].count, " elements) and ", v[i].full, " that overlap");
+    }
   }
 
   const std::string& dir() const noexcept { return dir_; }
@@ -295,6 +306,15 @@ class reader {
   std::int64_t step() const noexcept { return step_; }
   /// Every tensor's name and full shape.
   const tensor_shapes& shapes() const noexcept { return shapes_; }
+  /// Elements of tensor `name` that its master pieces hold (bounded by the rank files' sizes,
+  /// unlike the manifest's shape): the most a read of the whole tensor can be given.
+  std::size_t held(const std::string& name) const {
+    const auto it = where_.find(name);
+    std::size_t n = 0;
+    if (it != where_.end())
+      for (const located& l : it->second) n += l.count;
+    return n;
+  }
   /// Bytes of the rank files (the state on disk).
   std::uint64_t bytes() const {
     std::uint64_t n = 0;
@@ -319,7 +339,7 @@ class reader {
   void read(int kind, const std::string& name, std::size_t first, std::span<float> out) const {
     LOOM_CHECK(kind >= 0 && kind < 3, "checkpoint::reader::read: kind must be 0, 1 or 2, got kind=", kind);
     const auto it = where_.find(name);
-    LOOM_CHECK(it != where_.end(), what_, ": no piece of tensor '", name, "'");
+    LOOM_CHECK(it != where_.end(), what_, ": no piece of tensor '", name.substr(0, 80), "'");
     std::size_t got = 0;
     // pieces are sorted by their first element and do not overlap: start at the last piece
     // that begins at or before `first` (a tensor cut into rows has thousands of pieces)
@@ -333,7 +353,7 @@ class reader {
       io::read_safetensors_range(index_[l->file], key, a - l->full, out.subspan(a - first, b - a));
       got += b - a;
     }
-    LOOM_CHECK(got == out.size(), what_, ": tensor '", name, "' elements [", first, ", ", first + out.size(),
+    LOOM_CHECK(got == out.size(), what_, ": tensor '", name.substr(0, 80), "' elements [", first, ", ", first + out.size(),
                ") are covered by ", got, " elements of its pieces");
   }
 
@@ -407,7 +427,10 @@ inline std::size_t write_master(const reader& ck, io::safetensors_writer& w, con
     const auto it = source.find(out_name);
     const std::string& name = it == source.end() ? out_name : it->second;
     std::size_t n = 1;
-    for (auto e : shape) n *= static_cast<std::size_t>(e);
+    for (auto e : shape) n *= static_cast<std::size_t>(e);  // the reader checked the product
+    // the buffer is sized from the manifest: no larger than what the rank files hold
+    LOOM_CHECK(n <= ck.held(name), "checkpoint '", ck.dir(), "': tensor '", name.substr(0, 80), "' has ", n,
+               " elements by its shape, its pieces hold ", ck.held(name));
     largest = std::max(largest, n);
     buffer<float> t(n, mr);
     ck.read(0, name, 0, t.span());
