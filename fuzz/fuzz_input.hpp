@@ -18,24 +18,31 @@
 
 namespace loom_fuzz {
 
+// Never destroyed: the atexit handler that removes the file is registered while the path is
+// built, so it runs after a static string's destructor would have freed it.
 inline const std::string& scratch_path() {
-  static const std::string path = [] {
+  static const std::string& path = *[] {
     const char* dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");
-    std::string p = std::string(dir) + "/loom-fuzz-" + std::to_string(getpid()) + ".bin";
+    auto* p = new std::string(std::string(dir) + "/loom-fuzz-" + std::to_string(getpid()) + ".bin");
     std::atexit([] { std::remove(scratch_path().c_str()); });  // a crash leaves it: the input is in the artifact anyway
     return p;
   }();
   return path;
 }
 
+/// Writes the input to `path` (a file of the harness's own).
+inline void write_file(const std::string& path, const std::uint8_t* data, std::size_t size) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f || (size && std::fwrite(data, 1, size, f) != size) || std::fclose(f) != 0) {
+    std::perror(path.c_str());
+    std::abort();  // the harness cannot work without its scratch file: stop rather than fuzz nothing
+  }
+}
+
 /// Writes the input to the scratch file and returns its path.
 inline const std::string& write_input(const std::uint8_t* data, std::size_t size) {
   const std::string& p = scratch_path();
-  std::FILE* f = std::fopen(p.c_str(), "wb");
-  if (!f || (size && std::fwrite(data, 1, size, f) != size) || std::fclose(f) != 0) {
-    std::perror(p.c_str());
-    std::abort();  // the harness cannot work without its scratch file: stop rather than fuzz nothing
-  }
+  write_file(p, data, size);
   return p;
 }
 

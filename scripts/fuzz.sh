@@ -15,14 +15,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
 shift || true
-all=(llama2c_checkpoint llama2c_tokenizer safetensors hf_config ds_config token_shard chat_jsonl)
+all=(llama2c_checkpoint llama2c_tokenizer safetensors hf_config ds_config token_shard chat_jsonl serve_request
+     checkpoint_manifest)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
 
 # Largest input per format: room for a few tensors / tokens / records past the seeds, small
 # enough that each execution stays fast (the readers' cost grows with the input).
 declare -A max_len=([llama2c_checkpoint]=4096 [llama2c_tokenizer]=8192 [safetensors]=4096 [hf_config]=2048
-                    [ds_config]=4096 [token_shard]=1024 [chat_jsonl]=4096)
+                    [ds_config]=4096 [token_shard]=1024 [chat_jsonl]=4096 [serve_request]=4096
+                    [checkpoint_manifest]=4096)
 
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (scripts/install-deps.sh installs it)" >&2; exit 1; }
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DLOOM_FUZZ=ON \
