@@ -2,8 +2,9 @@
 // manifest.json of a scratch checkpoint folder whose two rank files are real and fixed, so the
 // fuzzer works on the manifest against files the reader accepts. It runs what a resume and a
 // consolidation do with a manifest: checkpoint::reader (format, step, files, every tensor's
-// shape, then the rank files' headers), reads of each listed tensor's state, and
-// checkpoint::consolidate, which sizes its buffer from the manifest's shape.
+// shape, then the rank files' headers), the loss scaler's state into a dynamic scaler, reads
+// of each listed tensor's state, and checkpoint::consolidate, which sizes its buffer from the
+// manifest's shape.
 //
 // The rank files hold, as a two-rank save cuts them, every state kind of tensor "a" [2, 3]
 // (elements 0-2 in rank 0, 3-5 in rank 1) and "b" [4] (all in rank 1); "c" has no piece. The
@@ -54,6 +55,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   loom_fuzz::write_file(dir + "/manifest.json", data, size);
   loom_fuzz::call([&] {
     const loom::checkpoint::reader ck(dir);
+    loom::amp::any_loss_scaler scaler = loom::amp::dynamic_loss_scaler{};  // what a resume with fp16 restores
+    loom_fuzz::call([&] { loom::checkpoint::restore_scaler(ck, scaler); });
     for (const auto& entry : ck.shapes()) {
       const std::string& name = entry.first;
       // every state kind of the tensor's first elements (a piece-less tensor is refused by name)

@@ -194,6 +194,8 @@ put("checkpoint_manifest", "bad_big_shape.json", json.dumps(dict(ckpt, tensors={
 put("checkpoint_manifest", "bad_files.json", json.dumps(dict(ckpt, files=3)))
 put("checkpoint_manifest", "bad_step.json", json.dumps(dict(ckpt, step=-1, files=1e300)))
 put("checkpoint_manifest", "bad_format.json", json.dumps(dict(ckpt, format="loom-sharded-checkpoint-2")))
+put("checkpoint_manifest", "bad_format_type.json", '{"format": {"dp": 2, "ts_left": 2, "skipped_steps": 0}}')  # a finding
+put("checkpoint_manifest", "bad_scaler.json", json.dumps(dict(ckpt, loss_scaler={"kind": 7, "scale": 0, "hysteresis_left": 0})))
 put("checkpoint_manifest", "bad_deep.json", '{"format": "loom-sharded-checkpoint-1", "tensors": ' + "[" * 100 + "]" * 100 + "}")
 
 # ---- libFuzzer dictionaries (fuzz/dict/<target>.dict): JSON syntax and the key names each

@@ -77,3 +77,15 @@ TEST_CASE("pieces that overlap are refused naming the tensor and both pieces") {
   CHECK_THROWS_WITH_AS(loom::checkpoint::reader{ck.dir}, doctest::Contains("tensor 'b' has pieces at 0 (4 elements) and 2 that overlap"),
                        loom::error);
 }
+
+TEST_CASE("a format or loss-scaler kind that is not a string is refused by loom::error, not a JSON type error") {
+  {
+    scratch_checkpoint ck(R"({"a": [2, 3]})");
+    std::ofstream(ck.dir + "/manifest.json") << R"({"format": {"dp": 2}, "tensors": {"a": [2, 3]}})";  // found by the fuzzer
+    CHECK_THROWS_WITH_AS(loom::checkpoint::reader{ck.dir}, doctest::Contains("is not a loom-sharded-checkpoint-1 manifest"), loom::error);
+  }
+  scratch_checkpoint ck(R"({"a": [2, 3], "b": [4]}, "loss_scaler": {"kind": 7, "scale": 1})");
+  const loom::checkpoint::reader r(ck.dir);
+  loom::amp::any_loss_scaler s = loom::amp::dynamic_loss_scaler{};
+  CHECK_THROWS_WITH_AS(loom::checkpoint::restore_scaler(r, s), doctest::Contains("was saved with a static loss scale"), loom::error);
+}
