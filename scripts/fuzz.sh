@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds loom's libFuzzer targets (fuzz/, clang, ASan + UBSan) into ./build-fuzz and runs each
-# for SECONDS (default 20), starting from its committed seeds (fuzz/corpus/<target>/), which
-# therefore also run as a regression on every call.
+# Builds loom's libFuzzer targets (fuzz/, clang, ASan + UBSan) into ./build-fuzz, replays each
+# target's committed seeds (fuzz/corpus/<target>/) one file at a time (the regression: every
+# seed runs whatever SECONDS is), then fuzzes it for SECONDS (default 20) from those seeds.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      e.g. scripts/fuzz.sh 3600 safetensors
+# FUZZ_RUNS=N stops a target after N executions (SECONDS stays the upper bound): the long runs
+# of docs/reliability.md ("Figures") are FUZZ_RUNS=1000000 with a large SECONDS.
 # A finding (crash, sanitizer report, exception other than loom::error, an input slower than
 # 10 s, more than 2 GiB RSS) stops that target, leaves the input in build-fuzz/artifacts/ and
 # makes the script fail. New inputs the fuzzer finds go to build-fuzz/corpus/<target>/ (kept
@@ -13,14 +15,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
 shift || true
-all=(llama2c_checkpoint llama2c_tokenizer safetensors hf_config ds_config token_shard chat_jsonl)
+all=(llama2c_checkpoint llama2c_tokenizer safetensors hf_config ds_config token_shard chat_jsonl serve_request
+     checkpoint_manifest)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
 
 # Largest input per format: room for a few tensors / tokens / records past the seeds, small
 # enough that each execution stays fast (the readers' cost grows with the input).
 declare -A max_len=([llama2c_checkpoint]=4096 [llama2c_tokenizer]=8192 [safetensors]=4096 [hf_config]=2048
-                    [ds_config]=4096 [token_shard]=1024 [chat_jsonl]=4096)
+                    [ds_config]=4096 [token_shard]=1024 [chat_jsonl]=4096 [serve_request]=4096
+                    [checkpoint_manifest]=4096)
 
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (scripts/install-deps.sh installs it)" >&2; exit 1; }
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DLOOM_FUZZ=ON \
@@ -39,24 +43,28 @@ for t in "${targets[@]}"; do
         -artifact_prefix="build-fuzz/artifacts/$t-")
   [[ -f "fuzz/dict/$t.dict" ]] && args+=(-dict="fuzz/dict/$t.dict")
   [[ -n "${FUZZ_JOBS:-}" ]] && args+=(-fork="$FUZZ_JOBS")
+  [[ -n "${FUZZ_RUNS:-}" ]] && args+=(-runs="$FUZZ_RUNS")
   log="build-fuzz/logs/$t.log"
-  echo "== fuzz_$t for ${seconds}s (log: $log)"
+  echo "== fuzz_$t: the seeds, then ${seconds}s${FUZZ_RUNS:+ or $FUZZ_RUNS runs} (log: $log)"
   rc=0
+  # The seeds as files: each runs once, whatever the time budget, and a failing one is named
+  "build-fuzz/fuzz/fuzz_$t" -timeout=10 -rss_limit_mb=2048 "fuzz/corpus/$t"/* >"$log" 2>&1 || rc=$?
   # first corpus directory: where new inputs go; the second (the committed seeds) is read only
-  "build-fuzz/fuzz/fuzz_$t" "${args[@]}" "build-fuzz/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
+  ((rc != 0)) || "build-fuzz/fuzz/fuzz_$t" "${args[@]}" "build-fuzz/corpus/$t" "fuzz/corpus/$t" >>"$log" 2>&1 || rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+  rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -1)
   units=$(ls "build-fuzz/corpus/$t" | wc -l)
   if ((rc != 0)); then
     failed+=("$t")
     echo "   FAILED (exit $rc); the report:"
     grep -E -A40 "^==[0-9]+==ERROR|runtime error|deadly signal|terminate called|Test unit written" "$log" | head -80 || tail -40 "$log"
-    summary+=("$(printf '%-20s %12s %8s %7s  FINDING' "$t" "${execs:-?}" "${rate:-?}" "$units")")
+    summary+=("$(printf '%-20s %12s %8s %7s %7s  FINDING' "$t" "${execs:-?}" "${rate:-?}" "$units" "${rss:-?}")")
   else
-    summary+=("$(printf '%-20s %12s %8s %7s  ok' "$t" "${execs:-?}" "${rate:-?}" "$units")")
+    summary+=("$(printf '%-20s %12s %8s %7s %7s  ok' "$t" "${execs:-?}" "${rate:-?}" "$units" "${rss:-?}")")
   fi
 done
-printf '%-20s %12s %8s %7s  %s\n' target execs exec/s corpus result
+printf '%-20s %12s %8s %7s %7s  %s\n' target execs exec/s corpus rss_mb result
 printf '%s\n' "${summary[@]}"
 if ((${#failed[@]})); then
   echo "fuzz.sh: findings in: ${failed[*]} (inputs in build-fuzz/artifacts/)" >&2

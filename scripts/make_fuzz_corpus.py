@@ -149,12 +149,62 @@ put("chat_jsonl", "bad_history.jsonl", json.dumps({"prompt": "a", "response": "b
 put("chat_jsonl", "bad_type.jsonl", json.dumps({"prompt": 1, "response": ["b"]}) + "\n")
 put("chat_jsonl", "bad_syntax.jsonl", '{"prompt": "a", "response": "b"\n')
 put("chat_jsonl", "bad_empty.jsonl", "\n \t\r\n")
+# ---- llama-serve request bodies: the target reads the route from the input's size mod 3 (0 api.py's
+# POST /, 1 /v1/completions, 2 /v1/chat/completions) and tight limits from (size / 3) odd, so each
+# seed is padded with JSON whitespace to the size that picks its route
+def request(name, body, route, tight=False):
+    b = (body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)).encode()
+    while len(b) % 3 != route or (len(b) // 3) % 2 != int(tight):
+        b += b" "
+    put("serve_request", name, b)
+request("chatglm.json", {"prompt": "你好", "history": [["1+1?", "2"], ["hi", "hello"]], "max_length": 200,
+                         "top_p": 0.7, "temperature": 0.95}, 0)
+request("chatglm_null_history.json", {"prompt": "x", "history": None, "max_length": 60}, 0, tight=True)
+request("completion.json", {"model": "loom-llama", "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0.8,
+                            "top_p": 0.9, "top_k": 40, "seed": 18446744073709551615, "stream": True}, 1)
+request("completion_list.json", {"prompt": ["hello"], "n": 1, "stop": None, "ignore_eos": True,
+                                 "repetition_penalty": 1.1, "max_tokens": None}, 1, tight=True)
+request("chat.json", {"model": "x", "messages": [{"role": "system", "content": "Be brief."},
+                                                 {"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": False}, 2)
+request("chat_tight.json", {"messages": [{"role": "user", "content": "a" * 10}], "max_tokens": 20, "seed": 7}, 2, tight=True)
+request("bad_history.json", {"prompt": "x", "history": [["only one"]]}, 0)
+request("bad_max_length.json", {"prompt": "long prompt", "max_length": 3}, 0)
+request("bad_wrap.json", {"prompt": "x", "max_tokens": 4294967301, "top_k": 4294967301}, 1)
+request("bad_range.json", {"prompt": "x", "temperature": 1e300, "top_p": 0, "n": 2}, 1)
+request("bad_stream.json", {"prompt": "x", "stream": "yes", "stop": ["\n"]}, 1)
+request("bad_messages.json", {"messages": [{"role": "user"}]}, 2)
+request("bad_empty_messages.json", {"messages": []}, 2)
+request("bad_not_object.json", "[1, 2, 3]", 2)
+request("bad_syntax.json", '{"prompt": "x", "max_tokens": 1e400', 1)
+request("bad_context.json", {"prompt": "b" * 120}, 1, tight=True)
+request("bad_pool.json", {"messages": [{"role": "user", "content": "c" * 50}], "max_tokens": 40}, 2, tight=True)
+
+# ---- sharded-checkpoint manifests (fuzz/checkpoint_manifest.cpp writes the two rank files: pieces of
+# "a" [2, 3] and "b" [4]; "c" has none)
+ckpt = {"format": "loom-sharded-checkpoint-1", "step": 10, "files": 2, "mesh": {"dp": 2, "tp": 1, "pp": 1},
+        "zero_stage": 3, "tensors": {"a": [2, 3], "b": [4]},
+        "loss_scaler": {"kind": "dynamic", "scale": 65536.0, "iteration": 10, "last_overflow_iteration": -1,
+                        "hysteresis_left": 2, "skipped_steps": 0}}
+put("checkpoint_manifest", "two_ranks.json", json.dumps(ckpt, indent=1))
+put("checkpoint_manifest", "static_scale.json", json.dumps(dict(ckpt, loss_scaler={"kind": "static", "scale": 1.0})))
+put("checkpoint_manifest", "bad_no_piece.json", json.dumps(dict(ckpt, tensors={"a": [2, 3], "b": [4], "c": [1]})))
+put("checkpoint_manifest", "bad_shape.json", json.dumps(dict(ckpt, tensors={"a": [3, 3], "b": [0]})))
+put("checkpoint_manifest", "bad_huge_shape.json", json.dumps(dict(ckpt, tensors={"a": [4294967296, 4294967296], "b": [4]})))
+put("checkpoint_manifest", "bad_big_shape.json", json.dumps(dict(ckpt, tensors={"a": [2, 3], "b": [1 << 40]})))
+put("checkpoint_manifest", "bad_files.json", json.dumps(dict(ckpt, files=3)))
+put("checkpoint_manifest", "bad_step.json", json.dumps(dict(ckpt, step=-1, files=1e300)))
+put("checkpoint_manifest", "bad_format.json", json.dumps(dict(ckpt, format="loom-sharded-checkpoint-2")))
+put("checkpoint_manifest", "bad_format_type.json", '{"format": {"dp": 2, "ts_left": 2, "skipped_steps": 0}}')  # a finding
+put("checkpoint_manifest", "bad_scaler.json", json.dumps(dict(ckpt, loss_scaler={"kind": 7, "scale": 0, "hysteresis_left": 0})))
+put("checkpoint_manifest", "bad_deep.json", '{"format": "loom-sharded-checkpoint-1", "tensors": ' + "[" * 100 + "]" * 100 + "}")
+
 # ---- libFuzzer dictionaries (fuzz/dict/<target>.dict): JSON syntax and the key names each
 # reader looks for, taken from the reader's source so a new key reaches the fuzzer
 import re
 json_tokens = ["{", "}", "[", "]", ":", ",", '""', "true", "false", "null", "\\\\u0000", "1e308", "-1", "0.5", "\\\"auto\\\""]
-def dictionary(target, header, extra=()):
-    with open(os.path.join(root, "..", "..", "include", "loom", header)) as f:
+def dictionary(target, header, extra=()):  # header: under include/loom/, or under examples/
+    top = os.path.join(root, "..", "..")
+    with open(os.path.join(top, header) if header.startswith("examples/") else os.path.join(top, "include", "loom", header)) as f:
         keys = sorted(set(re.findall(r'"([A-Za-z][A-Za-z0-9_]*)"', f.read())) | set(extra))
     d = os.path.join(root, "..", "dict")
     os.makedirs(d, exist_ok=True)
@@ -167,4 +217,7 @@ dictionary("ds_config", "io/ds_config.hpp")
 dictionary("hf_config", "io/safetensors.hpp")
 dictionary("safetensors", "io/safetensors.hpp", ["__metadata__", "data_offsets"])
 dictionary("chat_jsonl", "data/chat_jsonl.hpp", ["prompt", "response", "history"])
+dictionary("serve_request", "examples/llama/serve/request.hpp", ["user", "assistant", "system", "model"])
+dictionary("checkpoint_manifest", "checkpoint/sharded.hpp", ["a", "b", "c", "dp", "tp", "pp", "dynamic", "static",
+                                                                            "loom-sharded-checkpoint-1"])
 print("wrote", sum(len(fs) for _, _, fs in os.walk(root)), "seed files under", os.path.normpath(root), file=sys.stderr)

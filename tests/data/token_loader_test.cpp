@@ -231,3 +231,34 @@ TEST_CASE("hostile shards: sizes that are no multiple of the token, headers that
   CHECK_THROWS_WITH_AS(loom::data::token_loader(loom::data::open_shards({d / "hv.bin"}), {.seq_len = 4, .vocab_size = 0x80000000u}),
                        doctest::Contains("vocab_size=2147483648"), loom::error);
 }
+
+// Lines of /proc/self/maps that map `path` (Linux): the kernel's own record of what is mapped.
+static int mappings_of(const std::string& path) {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);)
+    n += line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
+  return n;
+}
+
+TEST_CASE("a refused shard leaves no mapping behind; an open shard holds one until destroyed") {
+  if (!fs::exists("/proc/self/maps")) return;  // Linux only: nothing to look at elsewhere
+  temp_dir d;
+  using loom::data::token_shard, loom::data::token_width;
+  const std::string path = fs::canonical(d.p).string() + "/refused.bin";
+  loom::data::shard_header h{};
+  std::memcpy(h.magic, loom::data::shard_magic, 8);
+  h.header_bytes = 64, h.token_bytes = 2, h.n_tokens = 4;  // the file holds 3 tokens
+  write_raw(path, std::vector<std::uint16_t>{1, 2, 3}, &h, 64);
+  for (int i = 0; i < 3; ++i) CHECK_THROWS_WITH_AS(token_shard{path}, doctest::Contains("n_tokens=4"), loom::error);
+  write_raw(path, std::vector<std::uint8_t>(7, 1));  // headerless, not a multiple of 2
+  CHECK_THROWS_WITH_AS(token_shard(path, token_width::u16), doctest::Contains("has 7 bytes"), loom::error);
+  CHECK(mappings_of(path) == 0);
+  write_raw(path, std::vector<std::uint16_t>{1, 2, 3, 4});
+  {
+    const token_shard s(path, token_width::u16);
+    CHECK(s.size() == 4);
+    CHECK(mappings_of(path) == 1);  // the check sees a live mapping
+  }
+  CHECK(mappings_of(path) == 0);
+}

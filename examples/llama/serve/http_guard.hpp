@@ -40,6 +40,39 @@
 
 namespace llama::http {
 
+// The cpp-httplib versions this file builds against: [min, end). It overrides internals of
+// httplib::Server (its per-connection loop, its task queue) and httplib::Stream, which match
+// these signatures only there: Stream::get_local_ip_and_port appears in 0.11.4, TaskQueue::enqueue
+// returns bool from 0.15.0 (and Server::process_request changes in 0.18.0). find_httplib.cmake
+// reads these two lines to check the version at configure time.
+inline constexpr char httplib_min_version[] = "0.11.4";
+inline constexpr char httplib_end_version[] = "0.15.0";
+
+namespace detail {
+// "0.11.4" -> 1104: major * 10000 + minor * 100 + patch
+constexpr int version_number(const char* s) {
+  int part[3] = {0, 0, 0};
+  for (int i = 0; *s && i < 3; ++s) {
+    if (*s == '.')
+      ++i;
+    else
+      part[i] = part[i] * 10 + (*s - '0');
+  }
+  return part[0] * 10000 + part[1] * 100 + part[2];
+}
+// A compiler names the template argument where the assertion fails: the version found.
+template <int FoundMajor, int FoundMinor, int FoundPatch>
+struct httplib_version_check {
+  static constexpr int found = FoundMajor * 10000 + FoundMinor * 100 + FoundPatch;
+  static_assert(found >= version_number(httplib_min_version) && found < version_number(httplib_end_version),
+                "llama-serve needs cpp-httplib >= 0.11.4 and < 0.15.0 (httplib_min_version, httplib_end_version); "
+                "the CPPHTTPLIB_VERSION found is this template's arguments <major, minor, patch>");
+  static constexpr bool ok = true;
+};
+static_assert(httplib_version_check<version_number(CPPHTTPLIB_VERSION) / 10000, version_number(CPPHTTPLIB_VERSION) / 100 % 100,
+                                    version_number(CPPHTTPLIB_VERSION) % 100>::ok);
+}  // namespace detail
+
 using clock = std::chrono::steady_clock;
 
 struct limits {

@@ -1,11 +1,9 @@
 #pragma once
 // llama_server: an HTTP front end (cpp-httplib) over one llama_engine.
 //
-// Protocols:
+// Protocols (request.hpp reads the bodies):
 //  - ChatGLM's api.py: POST / {"prompt", "history", "max_length", "top_p", "temperature"}
-//    -> {"response", "history", "status", "time"}; max_length counts prompt + response tokens
-//    as in ChatGLM; history is a list of [query, response] pairs rendered with ChatGLM2's
-//    "[Round n]\n\n问：...\n\n答：..." template.
+//    -> {"response", "history", "status", "time"}.
 //  - OpenAI-compatible POST /v1/completions and /v1/chat/completions, with "stream": true as
 //    server-sent events ending in "data: [DONE]"; GET /v1/models; GET /health.
 // Threads: HTTP handlers run on the connection pool of http_guard.hpp; they only validate,
@@ -25,11 +23,9 @@
 
 #include "http_guard.hpp"
 #include "llama_engine.hpp"
+#include "request.hpp"
 
 #include <loom/data/input.hpp>
-#include <loom/data/json_input.hpp>
-#include <loom/data/tokenizer.hpp>
-#include <loom/io/llama2c.hpp>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -54,48 +50,6 @@
 
 namespace llama {
 
-/// Text <-> tokens. Either a data::tokenizer (llama2.c tokenizer.bin, SentencePiece
-/// tokenizer.model: examples/data/tokenizer_file.hpp), or raw bytes (id = 3 + byte, BOS 1,
-/// EOS 2: the byte-fallback ids of llama2.c's vocabulary), which needs no file. A prompt is
-/// bos + its ids; generation stops on the tokenizer's eos.
-class text_codec {
- public:
-  text_codec() = default;
-  explicit text_codec(const loom::data::any_tokenizer* tok) : tok_(tok) {
-    // llama2.c's encode maps every byte of text into some piece, so text bytes / the longest
-    // piece bounds its ids from below. SentencePiece normalizes first (whitespace runs may
-    // collapse), so no such bound holds there: only bos is certain.
-    if (const auto* l = tok_->get<loom::io::llama2c_tokenizer>())
-      for (std::int32_t id = 0; id < l->vocab_size(); ++id) longest_piece_ = std::max(longest_piece_, l->piece(id).size());
-  }
-  std::vector<loom::kv::token_id> encode(const std::string& s) const {
-    if (tok_) {
-      std::vector<loom::kv::token_id> ids{tok_->bos_id()};
-      const auto t = tok_->encode(s);
-      ids.insert(ids.end(), t.begin(), t.end());
-      return ids;
-    }
-    std::vector<loom::kv::token_id> ids{1};
-    for (unsigned char c : s) ids.push_back(3 + c);
-    return ids;
-  }
-  /// A lower bound on encode(s).size() that costs nothing: a prompt too long for the context
-  /// is refused before it is tokenized (tokenizing is the expensive part of a huge prompt).
-  std::size_t min_tokens(const std::string& s) const {
-    if (!tok_) return s.size() + 1;
-    return longest_piece_ ? 1 + s.size() / longest_piece_ : 1;
-  }
-  std::string decode(loom::kv::token_id prev, loom::kv::token_id id) const {
-    if (tok_) return tok_->decode_piece(prev, id);
-    return id >= 3 && id < 259 ? std::string(1, static_cast<char>(id - 3)) : std::string();
-  }
-  loom::kv::token_id eos() const { return tok_ ? tok_->eos_id() : 2; }
-
- private:
-  const loom::data::any_tokenizer* tok_ = nullptr;
-  std::size_t longest_piece_ = 0;  // 0: no bound from the text's length
-};
-
 struct server_options {
   std::string model_name = "loom-llama";
   std::int32_t default_max_tokens = 16;     ///< OpenAI default for /v1/completions
@@ -106,16 +60,6 @@ struct server_options {
   std::string api_key;                      ///< when set, requests need "Authorization: Bearer <key>"
   http::limits http;                        ///< connection threads, read deadlines, header budget
   int listen_backlog = 1024;                ///< pending connections the kernel queues
-};
-
-/// A request refused with an HTTP status and a message for the client.
-struct http_error : std::runtime_error {
-  http_error(int status, const std::string& msg) : std::runtime_error(msg), status(status) {}
-  int status;
-};
-/// Thrown for requests that get HTTP 400.
-struct bad_request : http_error {
-  explicit bad_request(const std::string& msg) : http_error(400, msg) {}
 };
 
 /// `msg` without the source locations loom::error appends (" [at file:line]", " [check `c`
@@ -305,12 +249,11 @@ class llama_server {
   }
 
   // ---- request intake --------------------------------------------------------------------------
-  struct gen_params {
-    std::vector<loom::kv::token_id> prompt;
-    std::int32_t max_new = 16;
-    loom::kv::sampling_params sampling;
-    bool ignore_eos = false;  // vLLM's extension: generate max_new tokens even past EOS
-  };
+  // What a request body may ask for, from the engine's context and pool and the options.
+  request_limits limits() const {
+    const auto& ec = engine_.config();
+    return {ec.scheduler.max_model_len, ec.block_size, ec.num_blocks, opt_.max_tokens_limit, opt_.default_max_tokens};
+  }
 
   std::shared_ptr<channel> submit(gen_params p, std::uint64_t& id_out) {
     auto ch = std::make_shared<channel>();
@@ -382,41 +325,6 @@ class llama_server {
   }
 
   // ---- JSON helpers -----------------------------------------------------------------------------
-  static nlohmann::json parse_body(const std::string& body) {
-    nlohmann::json j;
-    try {
-      j = loom::data::parse_json_input(body, "request body");
-    } catch (const loom::error& e) {
-      throw bad_request(e.what());
-    }
-    if (!j.is_object()) throw bad_request("request body must be a JSON object");
-    return j;
-  }
-  static const nlohmann::json* optional(const nlohmann::json& j, const char* key) {
-    const auto it = j.find(key);
-    return it == j.end() || it->is_null() ? nullptr : &*it;
-  }
-  static std::string name(const char* key) { return std::string("field '") + key + "'"; }
-  static std::int64_t integer(const nlohmann::json& j, const char* key, std::int64_t fallback, std::int64_t min,
-                              std::int64_t max) {
-    const auto* v = optional(j, key);
-    return v ? loom::data::json_integer(*v, name(key), min, max) : fallback;
-  }
-  static float real(const nlohmann::json& j, const char* key, float fallback, double min, double max) {
-    const auto* v = optional(j, key);
-    return v ? loom::data::json_real<float>(*v, name(key), min, max) : fallback;
-  }
-  static bool boolean(const nlohmann::json& j, const char* key, bool fallback) {
-    const auto* v = optional(j, key);
-    if (!v) return fallback;
-    if (!v->is_boolean()) throw bad_request(name(key) + " must be true or false, got " + loom::data::quote_json(*v));
-    return v->get<bool>();
-  }
-  static std::string required_string(const nlohmann::json& j, const char* key) {
-    if (!j.contains(key)) throw bad_request(std::string("missing field '") + key + "'");
-    if (!j[key].is_string()) throw bad_request(name(key) + " must be a string");
-    return j[key].get<std::string>();
-  }
   static std::string dump(const nlohmann::json& j) {
     return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // model bytes may not be UTF-8
   }
@@ -429,49 +337,6 @@ class llama_server {
                                        : "server_error";
     res.set_content(dump({{"error", {{"message", client_message(msg)}, {"type", type}, {"code", status}}}}),
                     "application/json");
-  }
-
-  // The prompt text is checked against the context before it is tokenized, then its tokens.
-  std::vector<loom::kv::token_id> encode_prompt(const std::string& text) const {
-    const std::int64_t ctx = engine_.config().scheduler.max_model_len;
-    auto too_long = [&](const std::string& n) {
-      return bad_request("prompt of " + n + " tokens does not fit the context of " + std::to_string(ctx) +
-                         " tokens (prompt and at least one new token)");
-    };
-    const std::size_t at_least = codec_.min_tokens(text);
-    if (at_least >= static_cast<std::size_t>(ctx)) throw too_long("at least " + std::to_string(at_least));
-    auto ids = codec_.encode(text);
-    if (static_cast<std::int64_t>(ids.size()) >= ctx) throw too_long(std::to_string(ids.size()));
-    return ids;
-  }
-
-  // Sampling fields shared by all protocols, range-checked and naming the field. max_new is
-  // what the request asks for; it is clipped to the context (generation stops there anyway).
-  gen_params make_params(const nlohmann::json& j, std::vector<loom::kv::token_id> prompt, std::int64_t max_new,
-                         float default_temperature, float default_top_p) const {
-    gen_params p;
-    const std::int64_t ctx = engine_.config().scheduler.max_model_len;
-    const auto n = static_cast<std::int64_t>(prompt.size());
-    p.max_new = static_cast<std::int32_t>(std::min(max_new, ctx - n));
-    p.prompt = std::move(prompt);
-    p.sampling.temperature = real(j, "temperature", default_temperature, 0.0, 100.0);
-    p.sampling.top_p = real(j, "top_p", default_top_p, 0.0, 1.0);
-    if (p.sampling.top_p == 0.f) throw bad_request("field 'top_p' must be in (0, 1], got 0");
-    p.sampling.top_k = static_cast<std::int32_t>(integer(j, "top_k", 0, 0, INT32_MAX));
-    p.sampling.repetition_penalty = real(j, "repetition_penalty", 1.f, 0.0, 100.0);
-    if (p.sampling.repetition_penalty == 0.f) throw bad_request("field 'repetition_penalty' must be > 0, got 0");
-    if (const auto* seed = optional(j, "seed"); seed && seed->is_number_unsigned())
-      p.sampling.seed = seed->get<std::uint64_t>();  // the whole unsigned 64-bit range
-    else
-      p.sampling.seed = static_cast<std::uint64_t>(integer(j, "seed", 0, 0, INT64_MAX));
-    p.sampling.validate();
-    p.ignore_eos = boolean(j, "ignore_eos", false);
-    const std::int64_t blocks_needed =
-        loom::kv::block_table::blocks_for(static_cast<std::int64_t>(p.prompt.size()) + p.max_new, engine_.config().block_size);
-    if (blocks_needed > engine_.config().num_blocks)
-      throw bad_request("prompt + max tokens need " + std::to_string(blocks_needed) + " KV blocks, the pool has " +
-                        std::to_string(engine_.config().num_blocks));
-    return p;
   }
 
   // Length of the longest prefix of s that does not end inside a UTF-8 multi-byte character.
@@ -573,7 +438,7 @@ class llama_server {
           s = take_slot();
           const std::string body = read_body(reader);
           if (conn) conn->begin_work();
-          j = parse_body(body);
+          j = request::parse_body(body);
         } catch (const http_error&) {
           if (conn) conn->close_after();  // the rest of the body is unread
           throw;
@@ -622,42 +487,12 @@ class llama_server {
     openai(j, res, true, std::move(s));
   }
 
-  // Turns the checks of the parsing phase (loom::error naming a field) into a 400.
-  template <class F>
-  static auto parsing(F&& f) {
-    try {
-      return f();
-    } catch (const loom::error& e) {
-      throw bad_request(e.what());
-    }
-  }
-
   void chatglm(const nlohmann::json& j, httplib::Response& res, std::shared_ptr<slot>) {
     const auto deadline = clock::now() + opt_.request_timeout;
-    nlohmann::json history;
-    std::string prompt;
-    gen_params p = parsing([&] {
-      prompt = required_string(j, "prompt");
-      history = j.contains("history") && !j["history"].is_null() ? j["history"] : nlohmann::json::array();
-      if (!history.is_array()) throw bad_request("field 'history' must be a list of [query, response] pairs");
-      std::string text;
-      int round = 1;
-      for (auto& h : history) {
-        if (!h.is_array() || h.size() != 2 || !h[0].is_string() || !h[1].is_string())
-          throw bad_request("field 'history' must be a list of [query, response] pairs");
-        text += "[Round " + std::to_string(round++) + "]\n\n问：" + h[0].get<std::string>() + "\n\n答：" +
-                h[1].get<std::string>() + "\n\n";
-      }
-      text += "[Round " + std::to_string(round) + "]\n\n问：" + prompt + "\n\n答：";
-      const std::int64_t max_length = integer(j, "max_length", 2048, 1, INT32_MAX);
-      auto ids = encode_prompt(text);
-      const auto n = static_cast<std::int64_t>(ids.size());
-      if (max_length <= n)
-        throw bad_request("prompt of " + std::to_string(n) + " tokens is not shorter than field 'max_length' (" +
-                          std::to_string(max_length) + ")");
-      // max_length bounds prompt + response as in ChatGLM; the server's cap bounds the response.
-      return make_params(j, std::move(ids), std::min<std::int64_t>(max_length - n, opt_.max_tokens_limit), 0.95f, 0.7f);
-    });
+    chatglm_request in = parse_chatglm_request(j, codec_, limits());
+    nlohmann::json& history = in.history;
+    const std::string& prompt = in.prompt;
+    gen_params& p = in.params;
     std::uint64_t id;
     auto ch = submit(std::move(p), id);
     auto [toks, why] = wait_all(*ch, id, deadline);
@@ -670,34 +505,9 @@ class llama_server {
 
   void openai(const nlohmann::json& j, httplib::Response& res, bool chat, std::shared_ptr<slot> s) {
     const auto deadline = clock::now() + opt_.request_timeout;
-    bool stream = false;
-    gen_params p = parsing([&] {
-      std::string text;
-      if (chat) {
-        if (!j.contains("messages")) throw bad_request("missing field 'messages'");
-        if (!j["messages"].is_array() || j["messages"].empty())
-          throw bad_request("field 'messages' must be a non-empty list");
-        for (auto& m : j["messages"]) {
-          if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
-              !m["content"].is_string())
-            throw bad_request("each message needs string fields 'role' and 'content'");
-          text += m["role"].get<std::string>() + ": " + m["content"].get<std::string>() + "\n";
-        }
-        text += "assistant: ";
-      } else {
-        if (j.contains("prompt") && j["prompt"].is_array() && j["prompt"].size() == 1 && j["prompt"][0].is_string())
-          text = j["prompt"][0].get<std::string>();
-        else
-          text = required_string(j, "prompt");
-      }
-      integer(j, "n", 1, 1, 1);  // one choice per request
-      if (j.contains("stop") && !j["stop"].is_null()) throw bad_request("field 'stop' is not supported");
-      const std::int64_t max_tokens =
-          integer(j, "max_tokens", chat ? std::min(256, opt_.max_tokens_limit) : opt_.default_max_tokens, 1,
-                  opt_.max_tokens_limit);
-      stream = boolean(j, "stream", false);
-      return make_params(j, encode_prompt(text), max_tokens, 1.f, 1.f);
-    });
+    openai_request in = parse_openai_request(j, chat, codec_, limits());
+    const bool stream = in.stream;
+    gen_params& p = in.params;
     const std::int64_t created = static_cast<std::int64_t>(std::time(nullptr));
     std::uint64_t id;
     auto ch = submit(std::move(p), id);

@@ -122,6 +122,13 @@ inline void crash_point(const char* point) {
   if (e && std::strcmp(e, point) == 0) std::raise(SIGKILL);
 }
 
+// Object `j`'s field `key` when it is a string, else "" (nlohmann's value() throws its own
+// type_error for another type: a manifest is outside bytes, refused with loom::error).
+inline std::string string_field(const nlohmann::json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 inline std::string rank_file(std::int64_t r) {
   char name[64];
   std::snprintf(name, sizeof name, "rank-%05lld.safetensors", static_cast<long long>(r));
@@ -264,7 +271,7 @@ class reader {
       LOOM_CHECK(text.size() <= (std::size_t{64} << 20), what_, ": manifest.json has ", text.size(), " bytes (limit 64 MiB)");
       manifest_ = data::parse_json_input(std::string_view(text.data(), text.size()), what_ + ": manifest.json");
     }
-    LOOM_CHECK(manifest_.is_object() && manifest_.value("format", "") == detail::format, what_,
+    LOOM_CHECK(manifest_.is_object() && detail::string_field(manifest_, "format") == detail::format, what_,
                ": manifest.json is not a ", detail::format, " manifest");
     LOOM_CHECK(manifest_.contains("tensors") && manifest_["tensors"].is_object(), what_, ": manifest.json lists no tensors");
     for (auto& [name, shape] : manifest_["tensors"].items()) {
@@ -293,7 +300,14 @@ class reader {
             {static_cast<std::size_t>(std::stoull(key.substr(slash + 1))), static_cast<std::size_t>(e.count), index_.size() - 1});
       }
     }
-    for (auto& [name, v] : where_) std::sort(v.begin(), v.end(), [](const located& a, const located& b) { return a.full < b.full; });
+    for (auto& [name, v] : where_) {
+      std::sort(v.begin(), v.end(), [](const located& a, const located& b) { return a.full < b.full; });
+      // read() finds a range's pieces by binary search, which holds only if none overlap (a save
+      // writes each element once); two pieces claiming one element are a corrupt checkpoint
+      for (std::size_t i = 1; i < v.size(); ++i)
+        LOOM_CHECK(v[i - 1].full + v[i - 1].count <= v[i].full, what_, ": tensor '", name.substr(0, 80), "' has pieces at ",
+                   v[i - 1].full, " (", v[i - 1].count, " elements) and ", v[i].full, " that overlap");
+    }
   }
 
   const std::string& dir() const noexcept { return dir_; }
@@ -400,7 +414,7 @@ inline void restore_scaler(const reader& ck, amp::any_loss_scaler& s, const char
   const std::string what = "checkpoint '" + ck.dir() + "'";
   const auto& m = ck.manifest();
   const nlohmann::json sc = m.contains(key) ? m[key] : nlohmann::json();
-  LOOM_CHECK(sc.is_object() && sc.value("kind", "") == "dynamic", what,
+  LOOM_CHECK(sc.is_object() && detail::string_field(sc, "kind") == "dynamic", what,
              ": was saved with a static loss scale; this run has a dynamic one");
   amp::dynamic_loss_scaler_state st;
   const auto field = [&](const char* k) { return sc.contains(k) ? sc[k] : nlohmann::json(); };

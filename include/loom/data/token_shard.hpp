@@ -82,6 +82,14 @@ class token_shard {
     } else {
       ::close(fd);
     }
+    // The destructor does not run when the constructor throws: a refused file must not keep
+    // its mapping (each one would pin the file's pages and an address range for good).
+    struct unmap_unless_kept {
+      token_shard* s;
+      ~unmap_unless_kept() {
+        if (s && s->map_) ::munmap(const_cast<std::byte*>(s->map_), s->bytes_);
+      }
+    } guard{this};
     if (bytes_ >= 8 && std::memcmp(map_, shard_magic, 8) == 0) {
       LOOM_CHECK(bytes_ >= shard_header_bytes, "token_shard: path='", path, "' has a loom magic but only ", bytes_, " bytes");
       shard_header h;
@@ -112,6 +120,7 @@ class token_shard {
       size_ = bytes_ / w;
       tokens_ = map_;
     }
+    guard.s = nullptr;  // accepted: the mapping is this shard's until its destructor
   }
   token_shard(token_shard&& o) noexcept { swap(o); }
   token_shard& operator=(token_shard&& o) noexcept {
