@@ -8,7 +8,7 @@
 #include <common/fault_inject.hpp>
 #include <loom/data/batches.hpp>
 #include <loom/zero/ds_config.hpp>
-#include <loom/zero/ds_config.hpp>
+#include <llama/generate/llama_loader.hpp>
 #include "checkpoint.hpp"
 #include "train3d.hpp"
 
@@ -41,7 +41,8 @@ const char* usage =
     "                     [--data a.bin,b.bin | chat.jsonl]   token shards (uint16) or chat records; default: a counting corpus\n"
     "                     [--eval-every N [--eval-data FILES] [--eval-batches K]]   held-out loss and perplexity every N steps\n"
     "                     [--save DIR [--save-every N] [--keep-last K]] [--resume DIR]   sharded checkpoints: DIR/step-<N>,\n"
-    "                     DIR/latest (--keep-last: only the newest K are kept); a\n"
+    "                     DIR/latest (--keep-last: only the newest K are kept); [--export-hf OUT]: after the last save, the\n"
+    "                     model as a Hugging Face LLaMA folder (config.json, safetensors shards, index); a\n"
     "                     checkpoint resumes on any mesh and ZeRO stage (--resume DIR: its latest, or DIR/step-<N>)\n"
     "  Ranks are threads (dp*tp*pp of them), or the processes of `mpirun -np dp*tp*pp`. A config's zero stage, micro batch, gradient\n"
     "  accumulation (= micro-batches per step), precision (fp16: its loss scaler), optimizer, scheduler and clipping win over\n"
@@ -65,6 +66,7 @@ struct program_options {
   std::string save, resume;  ///< --save DIR, --resume DIR
   int save_every = 0;        ///< --save-every N (0: only at the end)
   int keep_last = 0;         ///< --keep-last K (0: keep every checkpoint)
+  std::string export_hf;     ///< --export-hf OUT: the last checkpoint as an HF folder
   bool help = false;
 };
 
@@ -124,6 +126,7 @@ program_options parse(int argc, char** argv) {
       o.save_every = number<int>(a, value());
       LOOM_CHECK(o.save_every >= 0, "llama-train3d: --save-every ", o.save_every, " must be >= 0");
     }
+    else if (a == "--export-hf") o.export_hf = value();
     else if (a == "--keep-last") {
       o.keep_last = number<int>(a, value());
       LOOM_CHECK(o.keep_last >= 1, "llama-train3d: --keep-last ", o.keep_last, " must be >= 1");
@@ -133,6 +136,8 @@ program_options parse(int argc, char** argv) {
   });
   o.cfg.seq_len = std::max(o.cfg.seq_len, o.train.seq);
   o.precision = o.precision_flag.value_or(loom::dtype::f32);
+  LOOM_CHECK(o.export_hf.empty() || !o.save.empty(), "llama-train3d: --export-hf ", o.export_hf,
+             " needs --save DIR (it exports the checkpoint the run saves last)");
   return o;
 }
 
@@ -316,6 +321,11 @@ int main(int argc, char** argv) {
         if (!o.save.empty() && o.save_every > 0 && (s + 1) % o.save_every == 0 && s + 1 != o.steps) save();
       }
       if (!o.save.empty()) save();
+      if (!o.export_hf.empty() && r == 0) {  // streamed from the checkpoint just written, one tensor at a time
+        const int files = llama::export_hf(o.save, o.export_hf, o.cfg);
+        std::printf("exported %s as the HF folder %s (%d safetensors file%s)\n", loom::checkpoint::resolve(o.save).c_str(),
+                    o.export_hf.c_str(), files, files == 1 ? "" : "s");
+      }
     };
     auto body = [&](auto& comm, loom::host_memory_resource& mr, const char* kind) {
       switch (o.precision) {
