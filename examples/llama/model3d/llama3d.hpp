@@ -144,7 +144,15 @@ struct stage_layers {
     };
     if (first)
       embedding_unit = unit([&] { tok_embeddings = tp::vocab_parallel_embedding<T>(L, "tok_embeddings", c.vocab, c.dim, t, sh); });
-    const loom::nn::attention_config ac{c.dim, c.n_heads, c.n_kv_heads, c.seq_len, c.rope_theta, c.rope, {}, false};
+    const loom::nn::attention_config ac{.dim = c.dim,
+                                        .n_heads = c.n_heads,
+                                        .n_kv_heads = c.n_kv_heads,
+                                        .max_seq = c.seq_len,
+                                        .rope_theta = c.rope_theta,
+                                        .rope = c.rope,
+                                        .qkv_bias = c.qkv_bias,
+                                        .fused_qkv = c.fused_qkv,
+                                        .rotary_dim = c.rotary_dim()};
     for (index_t l = range.first; l < range.last; ++l) {
       const std::size_t u = unit([&] {
         const std::string pre = "layers." + std::to_string(l) + ".";
@@ -154,7 +162,7 @@ struct stage_layers {
         b.attention = loom::nn::attention<T>(L, pre + "attention", ac, t, sh);
         b.ffn_norm = loom::nn::rmsnorm<T>(L, pre + "ffn_norm", c.dim, eps);
         replicated(pre + "ffn_norm.weight", b.ffn_norm.weight());
-        b.feed_forward = loom::nn::swiglu_mlp<T>(L, pre + "feed_forward", c.dim, c.hidden_dim, t, sh);
+        b.feed_forward = loom::nn::swiglu_mlp<T>(L, pre + "feed_forward", c.dim, c.hidden_dim, t, sh, c.fused_gate_up);
         blocks.push_back(std::move(b));
       });
       if (l == range.first) first_block_unit = u;
@@ -321,7 +329,7 @@ class stage_model {
   void set_param_source(param_source<P>* src) noexcept { src_ = src; }
 
   /// Weights ~ N(0, std), the two residual projections (wo, w2) N(0, std / sqrt(2 L)), norm
-  /// weights 1; element i of the full flat buffer depends on (seed, i) only, so every mesh
+  /// weights 1, biases 0; element i of the full flat buffer depends on (seed, i) only, so every mesh
   /// initialises the same model.
   void init(std::uint64_t seed, float std = 0.02f) {
     const loom::counter_rng rng(seed);
@@ -329,12 +337,12 @@ class stage_model {
     std::fill(p.begin(), p.end(), P(0.f));
     const float resid_std = std / std::sqrt(2.f * float(cfg_.n_layers));
     for (const auto& s : layers_.shards) {
-      const bool norm = ends_with(s.name, "norm.weight");
+      const bool norm = ends_with(s.name, "norm.weight"), bias = ends_with(s.name, ".bias");
       const bool resid = ends_with(s.name, "attention.wo.weight") || ends_with(s.name, "feed_forward.w2.weight");
       const std::size_t fo = full_offset(s.name);
       for (index_t r = 0; r < s.rows; ++r) {
         auto dst = p.subspan(s.local_offset + static_cast<std::size_t>(r * s.cols), static_cast<std::size_t>(s.cols));
-        if (norm) std::fill(dst.begin(), dst.end(), P(1.f));
+        if (norm || bias) std::fill(dst.begin(), dst.end(), P(norm ? 1.f : 0.f));
         else rng.fill_normal(dst, fo + static_cast<std::size_t>((s.row0 + r) * s.full_cols + s.col0), 0.f, resid ? resid_std : std);
       }
     }
