@@ -186,11 +186,13 @@ inline flat_weights from_tensors(const config& c, const loom::io::tensor_map& m,
     const auto it = m.find(name);
     LOOM_CHECK(it != m.end(), "tensor '", name, "' is missing from the checkpoint '", where, "'");
     if (!std::equal(it->second.shape.begin(), it->second.shape.end(), e.shape.begin(), e.shape.end())) {
-      std::string got, want;
-      for (auto x : it->second.shape) got += (got.empty() ? "" : ",") + std::to_string(x);
-      for (auto x : e.shape) want += (want.empty() ? "" : ",") + std::to_string(x);
-      LOOM_THROW("tensor '", name, "' in '", files ? files->at(name) : where, "' has shape [", got, "], its config gives [",
-                 want, "]");
+      const auto str = [](const auto& shape) {
+        std::string r;
+        for (auto x : shape) r.append(r.empty() ? "" : ",").append(std::to_string(x));
+        return r;
+      };
+      LOOM_THROW("tensor '", name, "' in '", files ? files->at(name) : where, "' has shape [", str(it->second.shape),
+                 "], its config gives [", str(e.shape), "]");
     }
     return std::span<const float>(it->second.data.data(), e.numel);
   });

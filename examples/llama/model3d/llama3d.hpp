@@ -107,6 +107,38 @@ struct block {
   loom::nn::attention<T> attention;
   loom::nn::rmsnorm<T> ffn_norm;
   loom::nn::swiglu_mlp<T> feed_forward;
+
+  /// Where forward's intermediates live, each [n, dim] (rstd: [n]). xn1 and xn2, rstd1 and
+  /// rstd2 may be the same buffers when nothing keeps them; out may be x's buffer (x is last
+  /// read before the MLP branch writes out).
+  struct buffers {
+    loom::tensor_view<const T, loom::host, 2> x;
+    loom::tensor_view<T, loom::host, 2> xn1;
+    loom::tensor_view<T, loom::host, 1> rstd1;
+    loom::tensor_view<T, loom::host, 2> h, xn2;
+    loom::tensor_view<T, loom::host, 1> rstd2;
+    loom::tensor_view<T, loom::host, 2> out;
+  };
+  /// The block's one data flow, which training (stage_model: the layers' forward keeping
+  /// activations) and inference (llama_engine: attention over a paged KV cache, no kept
+  /// activations) both run:
+  ///   h = x + attention(attention_norm(x)),  out = h + feed_forward(ffn_norm(h))
+  /// `attend(xn, y)` and `mlp(xn, y)` are the two branches: each writes y [n, dim] from xn.
+  template <class P, class Attend, class Mlp>
+  void forward(std::span<P> p, const buffers& b, Attend&& attend, Mlp&& mlp) const {
+    attention_norm.forward(p, b.x, b.xn1, b.rstd1);
+    attend(loom::tensor_view<const T, loom::host, 2>(b.xn1), b.h);
+    add(b.h, b.x);
+    ffn_norm.forward(p, loom::tensor_view<const T, loom::host, 2>(b.h), b.xn2, b.rstd2);
+    mlp(loom::tensor_view<const T, loom::host, 2>(b.xn2), b.out);
+    add(b.out, loom::tensor_view<const T, loom::host, 2>(b.h));
+  }
+
+ private:
+  // y += x, the residual add (both contiguous)
+  static void add(loom::tensor_view<T, loom::host, 2> y, loom::tensor_view<const T, loom::host, 2> x) {
+    loom::ops::add(loom::host{}, loom::make_view(y.data(), y.numel()), loom::make_view(x.data(), x.numel()));
+  }
 };
 
 /// The layers one rank holds, declared into its flat layout in the single-rank model's order
@@ -523,16 +555,14 @@ class stage_model {
 
   /// Block l of this stage: resid(l) -> resid(l + 1), filling its activations a; p: its unit.
   void run_block(slot& sl, index_t l, block_acts& a, std::span<P> p) {
-    const index_t n = sl.batch * sl.seq, d = cfg_.dim;
+    const index_t n = sl.batch * sl.seq, d = cfg_.dim, b = sl.batch, s = sl.seq;
     const auto& blk = layers_.blocks[static_cast<std::size_t>(l)];
     ws_.reset();
-    auto x = resid(sl, l), out = resid(sl, l + 1);
-    blk.attention_norm.forward(p, x, a.xn1.view(n, d), a.rstd1.view());
-    blk.attention.forward(*tp_, p, a.xn1.view(sl.batch, sl.seq, d), a.attn, a.h.view(sl.batch, sl.seq, d), ws_);
-    add(a.h.data(), x.data(), n * d);
-    blk.ffn_norm.forward(p, a.h.view(n, d), a.xn2.view(n, d), a.rstd2.view());
-    blk.feed_forward.forward(*tp_, p, a.xn2.view(n, d), a.mlp, out, ws_);
-    add(out.data(), a.h.data(), n * d);
+    blk.forward(p, {resid(sl, l), a.xn1.view(n, d), a.rstd1.view(), a.h.view(n, d), a.xn2.view(n, d), a.rstd2.view(), resid(sl, l + 1)},
+                [&](auto xn, auto y) {
+                  blk.attention.forward(*tp_, p, xn.template reshape<3>({b, s, d}), a.attn, y.template reshape<3>({b, s, d}), ws_);
+                },
+                [&](auto xn, auto y) { blk.feed_forward.forward(*tp_, p, xn, a.mlp, y, ws_); });
   }
 
   /// dresid_ holds dL/d(resid(l + 1)) on entry and dL/d(resid(l)) on return, updated in place;
@@ -591,7 +621,6 @@ class stage_model {
   std::size_t block_unit(index_t l) const noexcept { return layers_.first_block_unit + static_cast<std::size_t>(l); }
   std::span<T> unit_grads(std::size_t u) { return layers_.layout.unit(grads(), u); }
 
-  static void add(T* y, const T* x, index_t n) { loom::ops::add(loom::host{}, loom::make_view(y, n), loom::make_view(x, n)); }
   view2<T> resid(slot& sl, index_t l) {
     const index_t n = sl.batch * sl.seq;
     return loom::make_view(sl.resid.data() + l * n * cfg_.dim, n, cfg_.dim);
