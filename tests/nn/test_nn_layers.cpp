@@ -353,11 +353,17 @@ TEST_CASE("inference: attention::forward_cached one token at a time and swiglu_m
   // forward_cached sees the tokens one by one, each at its position, and attends over keys and
   // values the test keeps itself, with a naive softmax in double.
   const index_t s = 9, dim = 16, hidden = 24;
-  for (auto rope : {ops::rope_style::interleaved, ops::rope_style::half_split}) {
+  struct variant {
+    ops::rope_style rope;
+    bool chatglm;  // fused q/k/v with biases, half-head rotary, fused gate/up
+  };
+  for (auto [rope, chatglm] : {variant{ops::rope_style::interleaved, false}, variant{ops::rope_style::half_split, false},
+                               variant{ops::rope_style::interleaved, true}}) {
     CAPTURE(static_cast<int>(rope));
+    CAPTURE(chatglm);
     nn::param_layout L;
-    const nn::attention<float> att(L, "attn", {dim, 4, 2, s, 10000.0, rope, {}, false});
-    const nn::swiglu_mlp<float> mlp(L, "ff", dim, hidden);
+    const nn::attention<float> att(L, "attn", {dim, 4, 2, s, 10000.0, rope, {}, false, chatglm, chatglm, chatglm ? 2 : 0});
+    const nn::swiglu_mlp<float> mlp(L, "ff", dim, hidden, {}, nullptr, chatglm);
     std::vector<float> p(L.size()), x(s * dim);
     const vec pd = random_vector(p.size(), 41), xd = random_vector(x.size(), 42);
     std::copy(pd.begin(), pd.end(), p.begin());
