@@ -132,7 +132,7 @@ class attention {
     LOOM_CHECK(!c.bias || t.size == 1, "nn::attention: biases need tensor-parallel size 1, got tp=", t.size);
     const index_t hd = c.head_dim(), d = c.dim, qn = split_.heads * hd, kn = split_.kv_heads * hd;
     const bool qkv_bias = c.bias || c.qkv_bias;
-    // where Q, K and V of this rank start among the full tensor's rows, and how many rows that has
+    // this rank's first Q row and first K (V) row within Q (K, V), and the K (V) rows of the whole layer
     const index_t q0 = split_.first_head * hd, k0 = split_.first_kv_head * hd, kv_rows = c.n_kv_heads * hd;
     const int replica = t.rank % split_.kv_replicas;
     struct part {
