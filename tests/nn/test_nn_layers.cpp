@@ -187,16 +187,24 @@ TEST_CASE("rmsnorm and layernorm layers: finite differences") {
   }
 }
 
-TEST_CASE("attention layer (GQA, MQA, prefix-LM, both rotary conventions): finite differences") {
+TEST_CASE("attention layer (GQA, MQA, prefix-LM, both rotary conventions, ChatGLM's fused q/k/v with biases and half-head rotary): finite differences") {
   const index_t b = 2, s = 4, dim = 8;
-  struct cfg { index_t h, kvh, prefix; ops::rope_style rope; bool bias; };
+  struct cfg { index_t h, kvh, prefix; ops::rope_style rope; bool bias, qkv_bias = false, fused = false; index_t rot = 0; };
   for (cfg c : {cfg{2, 1, 0, ops::rope_style::interleaved, false}, cfg{4, 2, 2, ops::rope_style::half_split, true},
-                cfg{2, 2, 0, ops::rope_style::half_split, false}}) {
+                cfg{2, 2, 0, ops::rope_style::half_split, false}, cfg{2, 1, 0, ops::rope_style::interleaved, false, true, true, 2},
+                cfg{2, 2, 0, ops::rope_style::interleaved, false, true, false, 2}}) {
     CAPTURE(c.h);
     CAPTURE(c.kvh);
     CAPTURE(c.prefix);
+    CAPTURE(c.fused);
     nn::param_layout L(1);
-    nn::attention<double> att(L, "attn", {dim, c.h, c.kvh, 8, 10000.0, c.rope, {c.prefix}, c.bias});
+    nn::attention<double> att(L, "attn", {dim, c.h, c.kvh, 8, 10000.0, c.rope, {c.prefix}, c.bias, c.qkv_bias, c.fused, c.rot});
+    if (c.fused) {  // one tensor with rows [Q | K | V] and its bias
+      const index_t rows = (c.h + 2 * c.kvh) * (dim / c.h);
+      CHECK(L.find("attn.wqkv.weight").shape == std::vector<index_t>{rows, dim});
+      CHECK(L.find("attn.wqkv.bias").shape == std::vector<index_t>{rows});
+      CHECK(!L.contains("attn.wq.weight"));
+    }
     auto acts = att.make_activations(b, s);
     nn::workspace<double> ws;
     vec p = random_vector(L.size(), 10, 0.5), x = random_vector(b * s * dim, 11), r = random_vector(b * s * dim, 12),
@@ -245,11 +253,14 @@ void check_mlp(const nn::param_layout& L, const Mlp& mlp, index_t n, index_t dim
 
 TEST_CASE("SwiGLU and GeLU MLPs: finite differences") {
   const index_t n = 3, dim = 5, hidden = 7;
-  nn::param_layout ls(1), lg(1);
+  nn::param_layout ls(1), lg(1), lf(1);
   const nn::swiglu_mlp<double> swiglu(ls, "ff", dim, hidden);
   const nn::gelu_mlp<double> gelu(lg, "mlp", dim, hidden, ops::gelu_approx::tanh);
+  const nn::swiglu_mlp<double> fused(lf, "ff", dim, hidden, {}, nullptr, /*fused_gate_up=*/true);
+  CHECK(lf.find("ff.w13.weight").shape == std::vector<index_t>{2 * hidden, dim});  // rows [gate | up]
   check_mlp(ls, swiglu, n, dim, 13, "swiglu_mlp");
   check_mlp(lg, gelu, n, dim, 16, "gelu_mlp");
+  check_mlp(lf, fused, n, dim, 19, "swiglu_mlp with fused gate/up");
 }
 
 namespace {
@@ -342,11 +353,17 @@ TEST_CASE("inference: attention::forward_cached one token at a time and swiglu_m
   // forward_cached sees the tokens one by one, each at its position, and attends over keys and
   // values the test keeps itself, with a naive softmax in double.
   const index_t s = 9, dim = 16, hidden = 24;
-  for (auto rope : {ops::rope_style::interleaved, ops::rope_style::half_split}) {
+  struct variant {
+    ops::rope_style rope;
+    bool chatglm;  // fused q/k/v with biases, half-head rotary, fused gate/up
+  };
+  for (auto [rope, chatglm] : {variant{ops::rope_style::interleaved, false}, variant{ops::rope_style::half_split, false},
+                               variant{ops::rope_style::interleaved, true}}) {
     CAPTURE(static_cast<int>(rope));
+    CAPTURE(chatglm);
     nn::param_layout L;
-    const nn::attention<float> att(L, "attn", {dim, 4, 2, s, 10000.0, rope, {}, false});
-    const nn::swiglu_mlp<float> mlp(L, "ff", dim, hidden);
+    const nn::attention<float> att(L, "attn", {dim, 4, 2, s, 10000.0, rope, {}, false, chatglm, chatglm, chatglm ? 2 : 0});
+    const nn::swiglu_mlp<float> mlp(L, "ff", dim, hidden, {}, nullptr, chatglm);
     std::vector<float> p(L.size()), x(s * dim);
     const vec pd = random_vector(p.size(), 41), xd = random_vector(x.size(), 42);
     std::copy(pd.begin(), pd.end(), p.begin());

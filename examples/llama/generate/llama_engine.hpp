@@ -1,5 +1,6 @@
 #pragma once
-// llama_engine: LLaMA generation over loom's paged KV cache with continuous batching.
+// llama_engine: generation with the one decoder (LLaMA, ChatGLM2/3) over loom's paged KV cache
+// with continuous batching.
 //
 // One engine step = one scheduler plan: every scheduled token of every sequence (decode
 // tokens and prefill chunks together, ragged) goes through the layers as one [tokens, dim]
@@ -11,10 +12,10 @@
 //
 // Layers: the decoder's own (llama3d::stage_layers at tp = 1, one pipeline stage, built from
 // the one llama::config over the one flat parameter buffer the loaders fill): the embedding,
-// RMSNorms, nn::attention::forward_cached (q/k/v projections, rotary at each token's
-// position, output projection) with the paged-KV append and attention in place of the
-// training attention, nn::swiglu_mlp's forward without kept activations, and the output
-// projection. The GEMMs read weights packed once when the engine is made (the layers' pack()):
+// RMSNorms, nn::attention::forward_cached (q/k/v projections and their biases, rotary at each
+// token's position, output projection) with the paged-KV append and attention in place of
+// the training attention, nn::swiglu_mlp's forward without kept activations, and the output
+// projection; each block runs llama3d::block::forward, the data flow training runs. The GEMMs read weights packed once when the engine is made (the layers' pack()):
 // the same bits as the training GEMMs, no per-step copy of the weights, and each row's result
 // the same whatever the batch it is computed in (loom's sgemm kernels; on the BLAS path of
 // CPUs without AVX2 only within rounding), so paged, batched and one-token runs agree bit for
@@ -77,6 +78,7 @@ class llama_engine {
     const auto D = static_cast<std::size_t>(c.dim), V = static_cast<std::size_t>(c.vocab);
     x_ = loom::buffer<float>(T * D);
     xb_ = loom::buffer<float>(T * D);
+    h_ = loom::buffer<float>(T * D);
     rstd_ = loom::buffer<float>(T);
     last_ = loom::buffer<float>(S * D);
     logits_ = loom::buffer<float>(S * V);
@@ -160,9 +162,8 @@ class llama_engine {
     namespace ops = loom::ops;
     const index_t T = plan.num_tokens(), D = w_->cfg.dim;
     const std::span<const std::int64_t> positions(plan.positions.data(), static_cast<std::size_t>(T));
-    auto x = make_view(x_.data(), T, D), xb = make_view(xb_.data(), T, D);
+    auto x = make_view(x_.data(), T, D), xb = make_view(xb_.data(), T, D), h = make_view(h_.data(), T, D);
     const auto cx = make_view(static_cast<const float*>(x_.data()), T, D);
-    const auto cxb = make_view(static_cast<const float*>(xb_.data()), T, D);
     auto rstd = make_view(rstd_.data(), T);
     layers_.tok_embeddings.forward(self_, unit(layers_.embedding_unit), make_view(plan.token_ids.data(), T), x);
     for (std::size_t l = 0; l < layers_.blocks.size(); ++l) {
@@ -175,14 +176,16 @@ class llama_engine {
         loom::kv::append_paged_kv_cache(host{}, k, v, plan.batch_indices, plan.positions, layer, plan.csr);
         loom::kv::batch_prefill_with_paged_kv_cache(host{}, q, plan.qo_indptr, layer, plan.csr, out);
       };
-      ws_.reset();
-      b.attention_norm.forward(p, cx, xb, rstd);
-      b.attention.forward_cached(self_, packed_[l].attention, cxb, positions, paged, xb, ws_);
-      ops::add(host{}, make_view(x_.data(), T * D), make_view(cxb.data(), T * D));
-      ws_.reset();
-      b.ffn_norm.forward(p, cx, xb, rstd);
-      b.feed_forward.forward(self_, packed_[l].mlp, cxb, xb, ws_);
-      ops::add(host{}, make_view(x_.data(), T * D), make_view(cxb.data(), T * D));
+      // the training block's data flow; nothing is kept, so the residual stream is updated in place
+      b.forward(p, {cx, xb, rstd, h, xb, rstd, x},
+                [&](auto xn, auto y) {
+                  ws_.reset();
+                  b.attention.forward_cached(self_, packed_[l].attention, xn, positions, paged, y, ws_);
+                },
+                [&](auto xn, auto y) {
+                  ws_.reset();
+                  b.feed_forward.forward(self_, packed_[l].mlp, xn, y, ws_);
+                });
     }
     // Logits only for the rows that are sampled: the last row of each finishing chunk.
     index_t rows = 0;
@@ -217,7 +220,7 @@ class llama_engine {
   loom::kv::sampler sampler_;
   loom::nn::workspace<float> ws_;  // a layer's q, k, v, attention output / MLP hidden units
   // Activations for up to max_num_batched_tokens tokens:
-  loom::buffer<float> x_, xb_;      // [tokens, dim]: residual stream, a branch's input / output
+  loom::buffer<float> x_, xb_, h_;  // [tokens, dim]: residual stream, a branch's input, the stream after attention
   loom::buffer<float> rstd_;        // [tokens]
   loom::buffer<float> last_;        // [seqs, dim]: the sampled rows
   loom::buffer<float> logits_;      // [seqs, vocab]

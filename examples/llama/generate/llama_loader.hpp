@@ -3,10 +3,17 @@
 // fp32 parameters in the single-rank model's flat layout (llama3d::full_layout, Meta's
 // names), filled tensor by tensor by name from the formats loom::io reads:
 //  - llama2.c (legacy or version 1): Meta names, adjacent-pair RoPE;
-//  - HF safetensors (one file or shards in a folder) + config.json: HF names, half-split RoPE
-//    (HF stores q/k rows permuted for it, so no un-permuting is needed);
+//  - HF safetensors (one file, or shards in a folder, listed by model.safetensors.index.json
+//    when there is one) + config.json, by its model_type:
+//      llama:   HF names, half-split RoPE (HF stores q/k rows permuted for it, so no
+//               un-permuting is needed);
+//      chatglm: ChatGLM2/3 (transformer.encoder.layers.N...): query_key_value and
+//               dense_h_to_4h are the decoder's fused wqkv and w13 as they are (the same rows
+//               [Q | K | V] and [gate | up]), rotary on the first half of each head in
+//               interleaved pairs; ChatGLM-6B v1 is refused, naming what the decoder lacks;
 // and the tokenizer that comes with llama2.c models. `load_checkpoint` picks the format from
-// the path: a folder or *.safetensors file is HF, anything else llama2.c.
+// the path: a folder or *.safetensors file is HF, anything else llama2.c. `export_hf` writes
+// a trained model back as an HF folder of its model_type.
 
 #include <llama/model/config.hpp>
 #include <llama/model3d/llama3d.hpp>
@@ -67,31 +74,198 @@ struct flat_weights {
 };
 
 namespace detail {
-/// HF's name of a Meta-named tensor of the layout.
+using name_pair = std::pair<const char*, const char*>;
+/// A family's name of a tensor of the layout: `top` maps whole names, `layer` the part after
+/// "layers.<l>." (which becomes `layers` + "<l>.").
+inline std::string rename_in(const std::string& meta, std::span<const name_pair> top, const std::string& layers,
+                             std::span<const name_pair> layer, const char* family) {
+  for (auto [m, h] : top)
+    if (meta == m) return h;
+  if (meta.starts_with("layers.")) {
+    const auto dot = meta.find('.', 7);  // "layers.<l>.<rest>"
+    for (auto [m, h] : layer)
+      if (dot != std::string::npos && meta.compare(dot + 1, std::string::npos, m) == 0)
+        return layers + meta.substr(7, dot - 6) + h;
+  }
+  LOOM_THROW("llama loader: no ", family, " name for parameter '", meta, "'");
+}
+
+/// HF LLaMA's name of a tensor of the layout.
 inline std::string hf_name(const std::string& meta) {
-  static const std::pair<const char*, const char*> layer[] = {
+  static constexpr name_pair top[] = {
+      {"tok_embeddings.weight", "model.embed_tokens.weight"}, {"norm.weight", "model.norm.weight"}, {"output.weight", "lm_head.weight"}};
+  static constexpr name_pair layer[] = {
       {"attention_norm.weight", "input_layernorm.weight"}, {"attention.wq.weight", "self_attn.q_proj.weight"},
       {"attention.wk.weight", "self_attn.k_proj.weight"},  {"attention.wv.weight", "self_attn.v_proj.weight"},
       {"attention.wo.weight", "self_attn.o_proj.weight"},  {"ffn_norm.weight", "post_attention_layernorm.weight"},
       {"feed_forward.w1.weight", "mlp.gate_proj.weight"},   {"feed_forward.w2.weight", "mlp.down_proj.weight"},
       {"feed_forward.w3.weight", "mlp.up_proj.weight"}};
-  if (meta == "tok_embeddings.weight") return "model.embed_tokens.weight";
-  if (meta == "norm.weight") return "model.norm.weight";
-  if (meta == "output.weight") return "lm_head.weight";
-  const auto dot = meta.find('.', 7);  // "layers.<l>.<rest>"
-  for (auto [m, h] : layer)
-    if (meta.compare(dot + 1, std::string::npos, m) == 0) return "model." + meta.substr(0, dot + 1) + h;
-  LOOM_THROW("llama loader: no HF name for parameter '", meta, "'");
+  return rename_in(meta, top, "model.layers.", layer, "HF LLaMA");
 }
 
-/// The parameters of config c from named tensors (`rename`: a layout name -> the checkpoint's).
+/// HF ChatGLM2/3's name of a tensor of the (fused) layout.
+inline std::string chatglm_name(const std::string& meta) {
+  static constexpr name_pair top[] = {{"tok_embeddings.weight", "transformer.embedding.word_embeddings.weight"},
+                                      {"norm.weight", "transformer.encoder.final_layernorm.weight"},
+                                      {"output.weight", "transformer.output_layer.weight"}};
+  static constexpr name_pair layer[] = {{"attention_norm.weight", "input_layernorm.weight"},
+                                        {"attention.wqkv.weight", "self_attention.query_key_value.weight"},
+                                        {"attention.wqkv.bias", "self_attention.query_key_value.bias"},
+                                        {"attention.wo.weight", "self_attention.dense.weight"},
+                                        {"ffn_norm.weight", "post_attention_layernorm.weight"},
+                                        {"feed_forward.w13.weight", "mlp.dense_h_to_4h.weight"},
+                                        {"feed_forward.w2.weight", "mlp.dense_4h_to_h.weight"}};
+  return rename_in(meta, top, "transformer.encoder.layers.", layer, "HF ChatGLM");
+}
+
+/// A checkpoint's tensors and the file each came from (for messages).
+struct named_tensors {
+  loom::io::tensor_map tensors;
+  std::map<std::string, std::string> file;
+
+  void add(const std::filesystem::path& f) {
+    for (auto& [name, t] : loom::io::read_safetensors(f.string())) {
+      LOOM_CHECK(!tensors.contains(name), "tensor '", name, "' is in both '", file[name], "' and '", f.string(), "'");
+      file[name] = f.string();
+      tensors.emplace(name, std::move(t));
+    }
+  }
+};
+
+/// The tensors of an HF checkpoint: one .safetensors file, or a folder's shards, those its
+/// model.safetensors.index.json lists when it has one (each must exist and hold the tensors
+/// the index places in it), else every *.safetensors in it.
+inline named_tensors read_hf_tensors(const std::filesystem::path& p) {
+  namespace fs = std::filesystem;
+  named_tensors out;
+  if (!fs::is_directory(p)) {
+    out.add(p);
+    return out;
+  }
+  const fs::path index = p / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    const std::string what = "'" + index.string() + "'";
+    const auto j = loom::data::parse_json_input(loom::io::detail::read_file_bytes(index.string()), what);
+    LOOM_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), what,
+               ": no \"weight_map\" object");
+    std::map<std::string, std::vector<std::string>> shards;  // file -> its tensors
+    for (const auto& [name, f] : j["weight_map"].items()) {
+      LOOM_CHECK(f.is_string(), what, ": weight_map[\"", name.substr(0, 128), "\"] is not a file name");
+      const auto file = f.get<std::string>();
+      LOOM_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..", what,
+                 ": weight_map[\"", name.substr(0, 128), "\"] = \"", file.substr(0, 128), "\" is not a file of the folder");
+      shards[file].push_back(name);
+    }
+    for (const auto& [file, names] : shards) {
+      LOOM_CHECK(fs::is_regular_file(p / file), "shard '", (p / file).string(), "' (tensor '", names.front().substr(0, 128),
+                 "' in ", what, ") is missing");
+      out.add(p / file);
+      for (const auto& n : names)
+        LOOM_CHECK(out.tensors.contains(n) && out.file[n] == (p / file).string(), what, " places tensor '",
+                   n.substr(0, 128), "' in '", (p / file).string(), "', which does not hold it");
+    }
+    return out;
+  }
+  std::vector<fs::path> files;
+  for (auto& e : fs::directory_iterator(p))
+    if (e.path().extension() == ".safetensors") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  LOOM_CHECK(!files.empty(), "no .safetensors file in '", p.string(), "'");
+  for (const auto& f : files) out.add(f);
+  return out;
+}
+
+/// The parameters of config c from a checkpoint's tensors m (`rename`: a layout name -> the
+/// checkpoint's). A missing tensor is a loom::error naming it and the checkpoint (`where`), a
+/// misshapen one naming it, its file (`files`, when known) and both shapes.
 inline flat_weights from_tensors(const config& c, const loom::io::tensor_map& m,
-                                 std::string (*rename)(const std::string&) = nullptr) {
+                                 std::string (*rename)(const std::string&) = nullptr, const std::string& where = "",
+                                 const std::map<std::string, std::string>* files = nullptr) {
   return flat_weights::fill(c, [&](const loom::nn::param_info& e) {
-    const auto& t = loom::io::require_tensor(m, rename ? rename(e.name) : e.name,
-                                             std::vector<std::int64_t>(e.shape.begin(), e.shape.end()));
-    return std::span<const float>(t.data.data(), e.numel);
+    const std::string name = rename ? rename(e.name) : e.name;
+    const auto it = m.find(name);
+    LOOM_CHECK(it != m.end(), "tensor '", name, "' is missing from the checkpoint '", where, "'");
+    if (!std::equal(it->second.shape.begin(), it->second.shape.end(), e.shape.begin(), e.shape.end())) {
+      const auto str = [](const auto& shape) {
+        std::string r;
+        for (auto x : shape) r.append(r.empty() ? "" : ",").append(std::to_string(x));
+        return r;
+      };
+      LOOM_THROW("tensor '", name, "' in '", files ? files->at(name) : where, "' has shape [", str(it->second.shape),
+                 "], its config gives [", str(e.shape), "]");
+    }
+    return std::span<const float>(it->second.data.data(), e.numel);
   });
+}
+inline flat_weights from_tensors(const config& c, const named_tensors& m, const std::string& where,
+                                 std::string (*rename)(const std::string&) = nullptr) {
+  return from_tensors(c, m.tensors, rename, where, &m.file);
+}
+
+/// ChatGLM2/3's config.json (`j`, read from `path`) as the decoder's config; ChatGLM-6B v1 and
+/// variants the decoder does not run are refused, naming the key.
+inline config chatglm_config(const nlohmann::json& j, const std::string& path) {
+  const std::string what = "config '" + path + "'";
+  LOOM_CHECK(!j.contains("position_encoding_2d") && !j.contains("inner_hidden_size") && j.contains("padded_vocab_size"), what,
+             ": ChatGLM-6B v1 (position_encoding_2d, no padded_vocab_size) is not supported: the decoder has no GLM 2D "
+             "positions, bidirectional context mask, GeLU MLP, LayerNorm with bias, nor post-norm residuals scaled by "
+             "sqrt(2 layers); ChatGLM2/3 are");
+  const auto integer = [&](const char* key, std::int64_t max, std::optional<std::int64_t> fallback = std::nullopt) {
+    LOOM_CHECK(j.contains(key) || fallback, what, ": missing \"", key, "\"");
+    if (!j.contains(key)) return static_cast<index_t>(*fallback);
+    return static_cast<index_t>(loom::data::json_integer(j[key], what + ": \"" + key + "\"", 1, max));
+  };
+  const auto flag = [&](const char* key, bool fallback) {
+    if (!j.contains(key)) return fallback;
+    LOOM_CHECK(j[key].is_boolean(), what, ": \"", key, "\" must be true or false, got ", loom::data::quote_json(j[key]));
+    return j[key].get<bool>();
+  };
+  const auto real = [&](const char* key, double min, double max, double fallback) {
+    return j.contains(key) ? loom::data::json_real<double>(j[key], what + ": \"" + key + "\"", min, max) : fallback;
+  };
+  // the settings ChatGLM2/3 ship with; another value is a model the decoder does not run
+  for (auto [key, want] : {std::pair{"rmsnorm", true}, std::pair{"post_layer_norm", true}, std::pair{"add_bias_linear", false},
+                           std::pair{"apply_residual_connection_post_layernorm", false}})
+    LOOM_CHECK(flag(key, want) == want, what, ": \"", key, "\" = ", want ? "false" : "true",
+               " is not supported (the decoder runs ", want ? "true" : "false", ")");
+  config c = config::chatglm();
+  c.n_layers = integer("num_layers", 1 << 14);
+  c.dim = integer("hidden_size", 1 << 20);
+  c.hidden_dim = integer("ffn_hidden_size", 1 << 22);
+  c.n_heads = integer("num_attention_heads", 1 << 16);
+  c.n_kv_heads = flag("multi_query_attention", false) ? integer("multi_query_group_num", 1 << 16) : c.n_heads;
+  c.vocab = integer("padded_vocab_size", 1 << 26);
+  c.seq_len = integer("seq_length", 1 << 30, 2048);
+  c.norm_eps = real("layernorm_epsilon", 0.0, 1.0, 1e-5);
+  c.rope_theta = 10000.0 * real("rope_ratio", 1e-6, 1e8, 1.0);
+  c.qkv_bias = flag("add_qkv_bias", false);
+  LOOM_CHECK(!flag("tie_word_embeddings", false), what, ": \"tie_word_embeddings\" = true is not supported (ChatGLM's output_layer is its own)");
+  LOOM_CHECK(c.dim % c.n_heads == 0, what, ": hidden_size=", c.dim, " is not divisible by num_attention_heads=", c.n_heads);
+  LOOM_CHECK(integer("kv_channels", 1 << 16, c.dim / c.n_heads) == c.dim / c.n_heads, what,
+             ": kv_channels must be hidden_size / num_attention_heads (", c.dim / c.n_heads, ")");
+  LOOM_CHECK(c.n_heads % c.n_kv_heads == 0, what, ": num_attention_heads=", c.n_heads,
+             " is not divisible by multi_query_group_num=", c.n_kv_heads);
+  LOOM_CHECK(c.head_dim() % 4 == 0, what, ": the head dimension (", c.head_dim(),
+             ") must be a multiple of 4: ChatGLM rotates its first half in pairs");
+  c.validate();
+  return c;
+}
+
+/// The HF family a config.json names: its model_type (llama, chatglm), or, without one, a
+/// ChatGLM architecture, else llama.
+inline std::string hf_family(const nlohmann::json& j, const std::string& path) {
+  if (j.contains("model_type")) {
+    LOOM_CHECK(j["model_type"].is_string(), "config '", path, "': \"model_type\" must be a string, got ",
+               loom::data::quote_json(j["model_type"]));
+    const auto t = j["model_type"].get<std::string>();
+    LOOM_CHECK(t == "llama" || t == "chatglm", "config '", path, "': model_type \"", t.substr(0, 64),
+               "\" is not an architecture loom reads (llama, chatglm)");
+    return t;
+  }
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const auto& a : j["architectures"])
+      if (a.is_string() && a.get<std::string>().starts_with("ChatGLM")) return "chatglm";
+  return "llama";
 }
 }  // namespace detail
 
@@ -103,34 +277,32 @@ inline flat_weights load_llama2c(const std::string& path) {
   c.dim = k.dim, c.hidden_dim = k.hidden_dim, c.n_layers = k.n_layers, c.n_heads = k.n_heads;
   c.n_kv_heads = k.n_kv_heads, c.vocab = k.vocab_size, c.seq_len = k.seq_len;
   c.norm_eps = 1e-5, c.rope = loom::ops::rope_style::interleaved, c.tied_output = k.shared_classifier;
-  return detail::from_tensors(c, ck.tensors);
+  return detail::from_tensors(c, ck.tensors, nullptr, path);
 }
 
-/// HF LLaMA: `path` is a folder with config.json and *.safetensors, or one .safetensors file
-/// with config.json next to it.
+/// HF LLaMA or ChatGLM2/3 (config.json's model_type): `path` is a folder with config.json and
+/// its safetensors (model.safetensors.index.json's shards, or every *.safetensors), or one
+/// .safetensors file with config.json next to it.
 inline flat_weights load_hf_safetensors(const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path p(path);
   const fs::path dir = fs::is_directory(p) ? p : p.parent_path();
-  std::vector<fs::path> files;
-  if (fs::is_directory(p)) {
-    for (auto& e : fs::directory_iterator(p))
-      if (e.path().extension() == ".safetensors") files.push_back(e.path());
-    std::sort(files.begin(), files.end());
-  } else {
-    files.push_back(p);
+  const std::string config_path = (dir / "config.json").string();
+  const auto j = loom::data::parse_json_input(loom::io::detail::read_file_bytes(config_path), "config '" + config_path + "'");
+  LOOM_CHECK(j.is_object(), "config '", config_path, "': not a JSON object");
+  if (detail::hf_family(j, config_path) == "chatglm") {
+    const config c = detail::chatglm_config(j, config_path);  // before the tensors: a v1 model is refused unread
+    return detail::from_tensors(c, detail::read_hf_tensors(p), path, detail::chatglm_name);
   }
-  LOOM_CHECK(!files.empty(), "load_hf_safetensors: no .safetensors file in '", path, "'");
-  const auto hc = loom::io::read_hf_llama_config((dir / "config.json").string());
-  loom::io::tensor_map m;
-  for (auto& f : files) m.merge(loom::io::read_safetensors(f.string()));
+  const auto hc = loom::io::read_hf_llama_config(config_path);
+  const detail::named_tensors m = detail::read_hf_tensors(p);
   config c;
   c.dim = hc.hidden_size, c.hidden_dim = hc.intermediate_size, c.n_layers = hc.num_hidden_layers;
   c.n_heads = hc.num_attention_heads, c.n_kv_heads = hc.num_key_value_heads, c.vocab = hc.vocab_size;
   c.seq_len = hc.max_position_embeddings, c.norm_eps = hc.rms_norm_eps, c.rope_theta = hc.rope_theta;
   c.rope = loom::ops::rope_style::half_split;
-  c.tied_output = hc.tie_word_embeddings || !m.contains("lm_head.weight");
-  return detail::from_tensors(c, m, detail::hf_name);
+  c.tied_output = hc.tie_word_embeddings || !m.tensors.contains("lm_head.weight");
+  return detail::from_tensors(c, m, path, detail::hf_name);
 }
 
 inline flat_weights load_checkpoint(const std::string& path) {
@@ -140,17 +312,63 @@ inline flat_weights load_checkpoint(const std::string& path) {
   return load_llama2c(path);
 }
 
-/// Writes sharded checkpoint `ckpt` (of a model with config `c`) as a Hugging Face LLaMA
-/// folder: config.json, HF's tensor names, safetensors shards cut at `max_shard_bytes` with
-/// model.safetensors.index.json, one tensor in memory at a time. HF runs rotary on the two
-/// halves of a head; a model trained with adjacent pairs (Meta's, llama2.c's) gets its q and k
-/// rows permuted so that HF computes the same attention (what HF's own converter does).
+namespace detail {
+inline const char* torch_dtype(const std::string& dtype) {
+  return dtype == "F32" ? "float32" : dtype == "F16" ? "float16" : "bfloat16";
+}
+/// config.json of an HF ChatGLM2/3 folder for config c (the keys chatglm_config reads, and
+/// the fixed settings of the family).
+inline nlohmann::json chatglm_config_json(const config& c, const std::string& dtype) {
+  return {{"architectures", {"ChatGLMModel"}},
+          {"model_type", "chatglm"},
+          {"num_layers", c.n_layers},
+          {"hidden_size", c.dim},
+          {"ffn_hidden_size", c.hidden_dim},
+          {"num_attention_heads", c.n_heads},
+          {"kv_channels", c.head_dim()},
+          {"multi_query_attention", c.n_kv_heads != c.n_heads},
+          {"multi_query_group_num", c.n_kv_heads},
+          {"padded_vocab_size", c.vocab},
+          {"seq_length", c.seq_len},
+          {"layernorm_epsilon", c.norm_eps},
+          {"rope_ratio", c.rope_theta / 10000.0},
+          {"rmsnorm", true},
+          {"post_layer_norm", true},
+          {"add_bias_linear", false},
+          {"add_qkv_bias", c.qkv_bias},
+          {"apply_residual_connection_post_layernorm", false},
+          {"apply_query_key_layer_scaling", true},
+          {"attention_softmax_in_fp32", true},
+          {"fp32_residual_connection", false},
+          {"original_rope", true},
+          {"tie_word_embeddings", false},
+          {"torch_dtype", torch_dtype(dtype)}};
+}
+}  // namespace detail
+
+/// Writes sharded checkpoint `ckpt` (of a model with config `c`) as a Hugging Face folder of
+/// c.model_type: config.json, the family's tensor names, safetensors shards cut at
+/// `max_shard_bytes` with model.safetensors.index.json, one tensor in memory at a time.
+/// llama: HF runs rotary on the two halves of a head; a model trained with adjacent pairs
+/// (Meta's, llama2.c's) gets its q and k rows permuted so that HF computes the same attention
+/// (what HF's own converter does). chatglm: the fused tensors are ChatGLM's as they are.
 /// load_hf_safetensors reads the folder back.
 inline int export_hf(const std::string& ckpt, const std::string& out_dir, const config& c,
                      std::uint64_t max_shard_bytes = std::uint64_t{5} << 30, const std::string& dtype = "F32") {
+  c.validate();
   loom::checkpoint::folder_options o;
   o.max_shard_bytes = max_shard_bytes;
   o.dtype = dtype;
+  if (c.model_type == "chatglm") {
+    LOOM_CHECK(!c.tied_output, "llama::export_hf: a ChatGLM has its own output_layer; this config has tied_output=true");
+    o.rename = detail::chatglm_name;
+    o.config_json = detail::chatglm_config_json(c, dtype).dump(2) + "\n";
+    return loom::checkpoint::export_folder(ckpt, out_dir, o);
+  }
+  LOOM_CHECK(!c.fused_qkv && !c.fused_gate_up && !c.qkv_bias && c.partial_rotary_factor == 1.0,
+             "llama::export_hf: an HF LLaMA has separate q/k/v and gate/up projections without biases and rotates whole "
+             "heads; this config has fused_qkv=", c.fused_qkv, ", fused_gate_up=", c.fused_gate_up, ", qkv_bias=", c.qkv_bias,
+             ", partial_rotary_factor=", c.partial_rotary_factor);
   o.rename = detail::hf_name;
   if (c.rope == loom::ops::rope_style::interleaved)
     o.transform = [&c](const std::string& name, std::span<float> t) {
@@ -177,7 +395,7 @@ inline int export_hf(const std::string& ckpt, const std::string& out_dir, const 
                               {"rms_norm_eps", c.norm_eps},
                               {"rope_theta", c.rope_theta},
                               {"tie_word_embeddings", c.tied_output},
-                              {"torch_dtype", dtype == "F32" ? "float32" : dtype == "F16" ? "float16" : "bfloat16"}};
+                              {"torch_dtype", detail::torch_dtype(dtype)}};
   o.config_json = cfg.dump(2) + "\n";
   return loom::checkpoint::export_folder(ckpt, out_dir, o);
 }

@@ -107,6 +107,38 @@ struct block {
   loom::nn::attention<T> attention;
   loom::nn::rmsnorm<T> ffn_norm;
   loom::nn::swiglu_mlp<T> feed_forward;
+
+  /// Where forward's intermediates live, each [n, dim] (rstd: [n]). xn1 and xn2, rstd1 and
+  /// rstd2 may be the same buffers when nothing keeps them; out may be x's buffer (x is last
+  /// read before the MLP branch writes out).
+  struct buffers {
+    loom::tensor_view<const T, loom::host, 2> x;
+    loom::tensor_view<T, loom::host, 2> xn1;
+    loom::tensor_view<T, loom::host, 1> rstd1;
+    loom::tensor_view<T, loom::host, 2> h, xn2;
+    loom::tensor_view<T, loom::host, 1> rstd2;
+    loom::tensor_view<T, loom::host, 2> out;
+  };
+  /// The block's one data flow, which training (stage_model: the layers' forward keeping
+  /// activations) and inference (llama_engine: attention over a paged KV cache, no kept
+  /// activations) both run:
+  ///   h = x + attention(attention_norm(x)),  out = h + feed_forward(ffn_norm(h))
+  /// `attend(xn, y)` and `mlp(xn, y)` are the two branches: each writes y [n, dim] from xn.
+  template <class P, class Attend, class Mlp>
+  void forward(std::span<P> p, const buffers& b, Attend&& attend, Mlp&& mlp) const {
+    attention_norm.forward(p, b.x, b.xn1, b.rstd1);
+    attend(loom::tensor_view<const T, loom::host, 2>(b.xn1), b.h);
+    add(b.h, b.x);
+    ffn_norm.forward(p, loom::tensor_view<const T, loom::host, 2>(b.h), b.xn2, b.rstd2);
+    mlp(loom::tensor_view<const T, loom::host, 2>(b.xn2), b.out);
+    add(b.out, loom::tensor_view<const T, loom::host, 2>(b.h));
+  }
+
+ private:
+  // y += x, the residual add (both contiguous)
+  static void add(loom::tensor_view<T, loom::host, 2> y, loom::tensor_view<const T, loom::host, 2> x) {
+    loom::ops::add(loom::host{}, loom::make_view(y.data(), y.numel()), loom::make_view(x.data(), x.numel()));
+  }
 };
 
 /// The layers one rank holds, declared into its flat layout in the single-rank model's order
@@ -144,7 +176,15 @@ struct stage_layers {
     };
     if (first)
       embedding_unit = unit([&] { tok_embeddings = tp::vocab_parallel_embedding<T>(L, "tok_embeddings", c.vocab, c.dim, t, sh); });
-    const loom::nn::attention_config ac{c.dim, c.n_heads, c.n_kv_heads, c.seq_len, c.rope_theta, c.rope, {}, false};
+    const loom::nn::attention_config ac{.dim = c.dim,
+                                        .n_heads = c.n_heads,
+                                        .n_kv_heads = c.n_kv_heads,
+                                        .max_seq = c.seq_len,
+                                        .rope_theta = c.rope_theta,
+                                        .rope = c.rope,
+                                        .qkv_bias = c.qkv_bias,
+                                        .fused_qkv = c.fused_qkv,
+                                        .rotary_dim = c.rotary_dim()};
     for (index_t l = range.first; l < range.last; ++l) {
       const std::size_t u = unit([&] {
         const std::string pre = "layers." + std::to_string(l) + ".";
@@ -154,7 +194,7 @@ struct stage_layers {
         b.attention = loom::nn::attention<T>(L, pre + "attention", ac, t, sh);
         b.ffn_norm = loom::nn::rmsnorm<T>(L, pre + "ffn_norm", c.dim, eps);
         replicated(pre + "ffn_norm.weight", b.ffn_norm.weight());
-        b.feed_forward = loom::nn::swiglu_mlp<T>(L, pre + "feed_forward", c.dim, c.hidden_dim, t, sh);
+        b.feed_forward = loom::nn::swiglu_mlp<T>(L, pre + "feed_forward", c.dim, c.hidden_dim, t, sh, c.fused_gate_up);
         blocks.push_back(std::move(b));
       });
       if (l == range.first) first_block_unit = u;
@@ -321,7 +361,7 @@ class stage_model {
   void set_param_source(param_source<P>* src) noexcept { src_ = src; }
 
   /// Weights ~ N(0, std), the two residual projections (wo, w2) N(0, std / sqrt(2 L)), norm
-  /// weights 1; element i of the full flat buffer depends on (seed, i) only, so every mesh
+  /// weights 1, biases 0; element i of the full flat buffer depends on (seed, i) only, so every mesh
   /// initialises the same model.
   void init(std::uint64_t seed, float std = 0.02f) {
     const loom::counter_rng rng(seed);
@@ -329,12 +369,12 @@ class stage_model {
     std::fill(p.begin(), p.end(), P(0.f));
     const float resid_std = std / std::sqrt(2.f * float(cfg_.n_layers));
     for (const auto& s : layers_.shards) {
-      const bool norm = ends_with(s.name, "norm.weight");
+      const bool norm = ends_with(s.name, "norm.weight"), bias = ends_with(s.name, ".bias");
       const bool resid = ends_with(s.name, "attention.wo.weight") || ends_with(s.name, "feed_forward.w2.weight");
       const std::size_t fo = full_offset(s.name);
       for (index_t r = 0; r < s.rows; ++r) {
         auto dst = p.subspan(s.local_offset + static_cast<std::size_t>(r * s.cols), static_cast<std::size_t>(s.cols));
-        if (norm) std::fill(dst.begin(), dst.end(), P(1.f));
+        if (norm || bias) std::fill(dst.begin(), dst.end(), P(norm ? 1.f : 0.f));
         else rng.fill_normal(dst, fo + static_cast<std::size_t>((s.row0 + r) * s.full_cols + s.col0), 0.f, resid ? resid_std : std);
       }
     }
@@ -515,16 +555,14 @@ class stage_model {
 
   /// Block l of this stage: resid(l) -> resid(l + 1), filling its activations a; p: its unit.
   void run_block(slot& sl, index_t l, block_acts& a, std::span<P> p) {
-    const index_t n = sl.batch * sl.seq, d = cfg_.dim;
+    const index_t n = sl.batch * sl.seq, d = cfg_.dim, b = sl.batch, s = sl.seq;
     const auto& blk = layers_.blocks[static_cast<std::size_t>(l)];
     ws_.reset();
-    auto x = resid(sl, l), out = resid(sl, l + 1);
-    blk.attention_norm.forward(p, x, a.xn1.view(n, d), a.rstd1.view());
-    blk.attention.forward(*tp_, p, a.xn1.view(sl.batch, sl.seq, d), a.attn, a.h.view(sl.batch, sl.seq, d), ws_);
-    add(a.h.data(), x.data(), n * d);
-    blk.ffn_norm.forward(p, a.h.view(n, d), a.xn2.view(n, d), a.rstd2.view());
-    blk.feed_forward.forward(*tp_, p, a.xn2.view(n, d), a.mlp, out, ws_);
-    add(out.data(), a.h.data(), n * d);
+    blk.forward(p, {resid(sl, l), a.xn1.view(n, d), a.rstd1.view(), a.h.view(n, d), a.xn2.view(n, d), a.rstd2.view(), resid(sl, l + 1)},
+                [&](auto xn, auto y) {
+                  blk.attention.forward(*tp_, p, xn.template reshape<3>({b, s, d}), a.attn, y.template reshape<3>({b, s, d}), ws_);
+                },
+                [&](auto xn, auto y) { blk.feed_forward.forward(*tp_, p, xn, a.mlp, y, ws_); });
   }
 
   /// dresid_ holds dL/d(resid(l + 1)) on entry and dL/d(resid(l)) on return, updated in place;
@@ -583,7 +621,6 @@ class stage_model {
   std::size_t block_unit(index_t l) const noexcept { return layers_.first_block_unit + static_cast<std::size_t>(l); }
   std::span<T> unit_grads(std::size_t u) { return layers_.layout.unit(grads(), u); }
 
-  static void add(T* y, const T* x, index_t n) { loom::ops::add(loom::host{}, loom::make_view(y, n), loom::make_view(x, n)); }
   view2<T> resid(slot& sl, index_t l) {
     const index_t n = sl.batch * sl.seq;
     return loom::make_view(sl.resid.data() + l * n * cfg_.dim, n, cfg_.dim);

@@ -24,7 +24,13 @@
 // Inference runs the same layer forward only (forward_cached): the projections packed once,
 // the same rotary, and the attention over a key/value cache the caller keeps (kv/: paged).
 //
-// Parameters `<name>.wq/wk/wv/wo.weight` (Meta's names). The activations backward needs
+// Parameters `<name>.wq/wk/wv/wo.weight` (Meta's names), or with fused_qkv one tensor
+// `<name>.wqkv.weight` [(H + 2 KV) head_dim, dim] whose rows are [all Q | K | V] (ChatGLM's
+// query_key_value): the q/k/v projections are views of its row ranges, so tensor parallelism
+// still splits Q, K and V each by heads (a rank's part of the fused tensor is three
+// rectangles). qkv_bias adds biases to the q/k/v projections only (ChatGLM2/3), at any tp.
+// Partial rotary (rotary_dim < head_dim) rotates the leading channels of each head only.
+// The activations backward needs
 // (rotated q, k, v, the attention probabilities, a) live in an `activations` object the
 // caller owns: one per layer normally, one shared by all layers under activation
 // checkpointing (the block's forward is re-run before its backward).
@@ -42,8 +48,11 @@
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <tuple>
+#include <vector>
 
 namespace loom::nn {
 
@@ -53,6 +62,9 @@ struct attention_config {
   ops::rope_style rope = ops::rope_style::interleaved;
   ops::attention_mask mask{};
   bool bias = false;  ///< biases on q/k/v/o projections (GPT-style); LLaMA has none
+  bool qkv_bias = false;   ///< biases on the q/k/v projections only (ChatGLM2/3), any tp
+  bool fused_qkv = false;  ///< q/k/v stored as one tensor `<name>.wqkv` with rows [Q | K | V]
+  index_t rotary_dim = 0;  ///< the leading channels of each head that rotate (0: all)
 
   index_t head_dim() const noexcept { return n_heads ? dim / n_heads : 0; }
   void validate() const {
@@ -63,6 +75,8 @@ struct attention_config {
                ") must be divisible by n_kv_heads (", n_kv_heads, ")");
     LOOM_CHECK(head_dim() % 2 == 0, "attention: head_dim (", head_dim(), ") must be even for rotary embeddings");
     LOOM_CHECK(max_seq > 0, "attention: max_seq must be > 0, got max_seq=", max_seq);
+    LOOM_CHECK(rotary_dim >= 0 && rotary_dim <= head_dim() && rotary_dim % 2 == 0, "attention: rotary_dim (", rotary_dim,
+               ") must be even and at most head_dim (", head_dim(), ")");
   }
 };
 
@@ -116,17 +130,44 @@ class attention {
             tp::shard_list* shards = nullptr)
       : cfg_((c.validate(), c)), split_(head_split::make(c, t)) {
     LOOM_CHECK(!c.bias || t.size == 1, "nn::attention: biases need tensor-parallel size 1, got tp=", t.size);
-    const index_t hd = c.head_dim(), d = c.dim;
-    wq_ = linear<T>(layout, name + ".wq", d, split_.heads * hd, c.bias);
-    wk_ = linear<T>(layout, name + ".wk", d, split_.kv_heads * hd, c.bias);
-    wv_ = linear<T>(layout, name + ".wv", d, split_.kv_heads * hd, c.bias);
-    wo_ = linear<T>(layout, name + ".wo", split_.heads * hd, d, c.bias);
-    tp::record(shards, name + ".wq.weight", wq_.weight(), c.n_heads * hd, d, split_.first_head * hd, 0);
+    const index_t hd = c.head_dim(), d = c.dim, qn = split_.heads * hd, kn = split_.kv_heads * hd;
+    const bool qkv_bias = c.bias || c.qkv_bias;
+    // this rank's first Q row and first K (V) row within Q (K, V), and the K (V) rows of the whole layer
+    const index_t q0 = split_.first_head * hd, k0 = split_.first_kv_head * hd, kv_rows = c.n_kv_heads * hd;
     const int replica = t.rank % split_.kv_replicas;
-    tp::record(shards, name + ".wk.weight", wk_.weight(), c.n_kv_heads * hd, d, split_.first_kv_head * hd, 0, replica);
-    tp::record(shards, name + ".wv.weight", wv_.weight(), c.n_kv_heads * hd, d, split_.first_kv_head * hd, 0, replica);
+    struct part {
+      const char* name;
+      linear<T>* layer;
+      index_t full_rows, row0;
+      int replica;
+    };
+    if (c.fused_qkv) {
+      const index_t rows = c.n_heads * hd + 2 * kv_rows;
+      const auto w = layout.add(name + ".wqkv.weight", extents<2>{qn + 2 * kn, d});
+      std::optional<param_slot<1>> b;
+      if (qkv_bias) b = layout.add(name + ".wqkv.bias", extents<1>{qn + 2 * kn});
+      const auto view = [&](index_t r0, index_t r) {
+        return linear<T>(param_slot<2>{w.offset + static_cast<std::size_t>(r0 * d), {r, d}},
+                         b ? std::optional(param_slot<1>{b->offset + static_cast<std::size_t>(r0), {r}}) : std::nullopt);
+      };
+      wq_ = view(0, qn), wk_ = view(qn, kn), wv_ = view(qn + kn, kn);
+      const part parts[] = {{"wqkv", &wq_, rows, q0, 0}, {"wqkv", &wk_, rows, c.n_heads * hd + k0, replica},
+                            {"wqkv", &wv_, rows, c.n_heads * hd + kv_rows + k0, replica}};
+      for (const bool bias : {false, true})  // in the flat buffer's order: the weight's rows, then the bias's
+        for (const part& p : parts) record_projection(shards, name, p.name, *p.layer, p.full_rows, p.row0, p.replica, bias);
+    } else {
+      wq_ = linear<T>(layout, name + ".wq", d, qn, qkv_bias);
+      wk_ = linear<T>(layout, name + ".wk", d, kn, qkv_bias);
+      wv_ = linear<T>(layout, name + ".wv", d, kn, qkv_bias);
+      for (const part& p : {part{"wq", &wq_, c.n_heads * hd, q0, 0}, part{"wk", &wk_, kv_rows, k0, replica},
+                            part{"wv", &wv_, kv_rows, k0, replica}})
+        for (const bool bias : {false, true})
+          record_projection(shards, name, p.name, *p.layer, p.full_rows, p.row0, p.replica, bias);
+    }
+    wo_ = linear<T>(layout, name + ".wo", qn, d, c.bias);
     tp::record(shards, name + ".wo.weight", wo_.weight(), d, c.n_heads * hd, 0, split_.first_head * hd);
-    rope_ = rotary<T>(c.max_seq, hd, c.rope_theta, c.rope);
+    if (c.bias) tp::record(shards, name + ".wo.bias", *wo_.bias(), d, 1, 0, 0);
+    rope_ = rotary<T>(c.max_seq, hd, c.rope_theta, c.rope, c.rotary_dim);
   }
 
   const attention_config& config() const noexcept { return cfg_; }
@@ -175,12 +216,11 @@ class attention {
     check(tp, x, a);
     auto x2 = x.template reshape<2>({n, cfg_.dim});
     // replicated key/value heads: remember the gradients so far, sum only this call's part
-    const std::size_t kvn = wk_.weight().numel();
     std::span<T> kv_before;
     if (split_.kv_replicas > 1) {
-      kv_before = ws.take(2 * kvn);
-      std::copy_n(wk_.weight().in(grads).data(), kvn, kv_before.data());
-      std::copy_n(wv_.weight().in(grads).data(), kvn, kv_before.data() + kvn);
+      kv_before = ws.take(kv_grad_size());
+      auto out = kv_before.begin();
+      for (std::span<T> g : kv_grads(grads)) out = std::copy(g.begin(), g.end(), out);
     }
     auto dout = ws.take(n * split_.heads * hd);  // every gradient buffer here is written, not added into
     wo_.backward(params, grads, make_view(a.out.data(), n, wo_.in_features()), dy.template reshape<2>({n, cfg_.dim}),
@@ -214,17 +254,22 @@ class attention {
 
   // ---- forward only, over a key/value cache (inference) ----------------------------------
   /// The projections packed once for the GEMMs that read them (ops::packed_weight), from
-  /// this layer's parameters in `params` (fp32). Layers with biases are refused (none of the
-  /// decoders run this way has them yet).
+  /// this layer's parameters in `params` (fp32), and the q/k/v biases (views of params; empty
+  /// when the layer has none). An output bias (bias=true) is refused: no decoder run this
+  /// way has one.
   struct packed {
     ops::packed_weight wq, wk, wv, wo;
+    std::span<const float> bq, bk, bv;
   };
   packed pack(std::span<const float> params) const
     requires std::same_as<T, float>
   {
-    LOOM_CHECK(!cfg_.bias, "nn::attention::pack: the forward-only path has no biases, and this layer has bias=true");
+    LOOM_CHECK(!cfg_.bias, "nn::attention::pack: the forward-only path has no output bias, and this layer has bias=true");
     auto p = [&](const linear<T>& l) { return ops::packed_weight(l.weight().in(params)); };
-    return {p(wq_), p(wk_), p(wv_), p(wo_)};
+    auto b = [&](const linear<T>& l) {
+      return l.bias() ? std::span<const float>(l.bias()->in(params).data(), l.bias()->numel()) : std::span<const float>{};
+    };
+    return {p(wq_), p(wk_), p(wv_), p(wo_), b(wq_), b(wk_), b(wv_)};
   }
 
   /// y [n, dim] = this layer for n new tokens x [n, dim] at `positions` (each token's place
@@ -243,9 +288,11 @@ class attention {
                ", called on a group of ", tp.size());
     LOOM_CHECK(x.extent(1) == cfg_.dim, "nn::attention: input has ", x.extent(1), " features, expected dim=", cfg_.dim);
     auto q = ws.take(n * h * hd), k = ws.take(n * kv * hd), v = ws.take(n * kv * hd), out = ws.take(n * h * hd);
-    ops::gemm(host{}, x, w.wq, make_view(q.data(), n, h * hd));
-    ops::gemm(host{}, x, w.wk, make_view(k.data(), n, kv * hd));
-    ops::gemm(host{}, x, w.wv, make_view(v.data(), n, kv * hd));
+    for (auto [pw, bias, out, m] : {std::tuple{&w.wq, w.bq, q, h * hd}, std::tuple{&w.wk, w.bk, k, kv * hd},
+                                    std::tuple{&w.wv, w.bv, v, kv * hd}}) {
+      ops::gemm(host{}, x, *pw, make_view(out.data(), n, m));
+      if (!bias.empty()) linear<T>::add_bias(make_view(out.data(), n, m), make_view(bias.data(), m));
+    }
     rope_.forward(make_view(q.data(), n, h, hd), positions);
     rope_.forward(make_view(k.data(), n, kv, hd), positions);
     attend(make_view(as_const(q).data(), n, h, hd), make_view(as_const(k).data(), n, kv, hd),
@@ -255,18 +302,42 @@ class attention {
   }
 
  private:
-  // Every rank puts this call's wk/wv gradient into its head's slot of [KV, 2, kvn], the
-  // group sums, and each rank adds back its head's total: replicas get the same gradient.
+  // The k and v projections' parameter gradients (weights, then biases when there are).
+  std::vector<std::span<T>> kv_grads(std::span<T> grads) const {
+    std::vector<std::span<T>> g;
+    for (const linear<T>* l : {&wk_, &wv_}) g.emplace_back(l->weight().in(grads).data(), l->weight().numel());
+    for (const linear<T>* l : {&wk_, &wv_})
+      if (l->bias()) g.emplace_back(l->bias()->in(grads).data(), l->bias()->numel());
+    return g;
+  }
+  std::size_t kv_grad_size() const {
+    const std::size_t b = wk_.bias() ? wk_.bias()->numel() : 0;
+    return 2 * (wk_.weight().numel() + b);
+  }
+  // Every rank puts this call's k/v gradients into its head's slot of [KV, m] (m: their
+  // elements), the group sums, and each rank adds back its head's total: replicas get the
+  // same gradient.
   template <comm::communicator C>
   void sum_kv_replicas(C& tp, std::span<T> grads, std::span<const T> before, workspace<T>& ws) const {
-    const std::size_t kvn = wk_.weight().numel(), KV = static_cast<std::size_t>(cfg_.n_kv_heads);
-    auto all = ws.take_zeroed(KV * 2 * kvn);
-    T* gk = wk_.weight().in(grads).data();
-    T* gv = wv_.weight().in(grads).data();
-    T* mine = all.data() + static_cast<std::size_t>(split_.first_kv_head) * 2 * kvn;
-    for (std::size_t i = 0; i < kvn; ++i) mine[i] = gk[i] - before[i], mine[kvn + i] = gv[i] - before[kvn + i];
-    tp.all_reduce(std::span<const T>(all.data(), KV * 2 * kvn), all.subspan(0, KV * 2 * kvn), comm::reduce_op::sum);
-    for (std::size_t i = 0; i < kvn; ++i) gk[i] = before[i] + mine[i], gv[i] = before[kvn + i] + mine[kvn + i];
+    const std::size_t m = kv_grad_size(), KV = static_cast<std::size_t>(cfg_.n_kv_heads);
+    auto all = ws.take_zeroed(KV * m);
+    T* mine = all.data() + static_cast<std::size_t>(split_.first_kv_head) * m;
+    const auto parts = kv_grads(grads);
+    std::size_t at = 0;
+    for (std::span<T> g : parts)
+      for (std::size_t i = 0; i < g.size(); ++i, ++at) mine[at] = g[i] - before[at];
+    tp.all_reduce(std::span<const T>(all.data(), KV * m), all.subspan(0, KV * m), comm::reduce_op::sum);
+    at = 0;
+    for (std::span<T> g : parts)
+      for (std::size_t i = 0; i < g.size(); ++i, ++at) g[i] = before[at] + mine[at];
+  }
+  // A q/k/v projection's weight (or its bias, if it has one) as the rows [row0, row0 + its
+  // rows) of the full `<name>.<tensor>` of full_rows rows.
+  static void record_projection(tp::shard_list* shards, const std::string& name, const char* tensor, const linear<T>& l,
+                                index_t full_rows, index_t row0, int replica, bool bias) {
+    const std::string base = name + "." + tensor;
+    if (!bias) tp::record(shards, base + ".weight", l.weight(), full_rows, l.in_features(), row0, 0, replica);
+    else if (l.bias()) tp::record(shards, base + ".bias", *l.bias(), full_rows, 1, row0, 0, replica);
   }
   template <comm::communicator C>
   void check(const C& tp, const in_view<T, 3>& x, const activations& a) const {

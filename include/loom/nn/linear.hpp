@@ -47,12 +47,15 @@ class linear {
       : weight_(layout.add(name + ".weight", extents<2>{out, in})) {
     if (bias) bias_ = layout.add(name + ".bias", extents<1>{out});
   }
-  /// A linear layer over an already declared weight [out, in] (weight tying).
-  explicit linear(param_slot<2> shared_weight) : weight_(shared_weight) {}
+  /// A linear layer over an already declared weight [out, in] (weight tying), or over rows
+  /// of a fused tensor (with those rows' bias [out], if any).
+  explicit linear(param_slot<2> shared_weight, std::optional<param_slot<1>> bias = std::nullopt)
+      : weight_(shared_weight), bias_(bias) {}
 
   index_t in_features() const noexcept { return weight_.shape[1]; }
   index_t out_features() const noexcept { return weight_.shape[0]; }
   const param_slot<2>& weight() const noexcept { return weight_; }
+  const std::optional<param_slot<1>>& bias() const noexcept { return bias_; }
 
   /// y [n, out] = x [n, in] W^T + b   (y is overwritten)
   template <ops::param_type P>
@@ -91,14 +94,17 @@ class linear {
       g.push_back({x, weights_as<T>(o.layer->weight_, params, ws).transpose(0, 1), o.y});
     }
     ops::gemm_batch(host{}, std::span<const ops::gemm_op<T>>(g));
-    for (const auto& o : outs) {
-      if (!o.layer->bias_) continue;
-      auto b = weights_as<T>(*o.layer->bias_, params, ws);
-      for (index_t r = 0; r < o.y.extent(0); ++r) {
-        T* yr = &o.y(r, 0);
-        LOOM_SIMD
-        for (index_t j = 0; j < o.layer->out_features(); ++j) yr[j] += b(j);
-      }
+    for (const auto& o : outs)
+      if (o.layer->bias_) add_bias(o.y, weights_as<T>(*o.layer->bias_, params, ws));
+  }
+
+  /// y [n, out] += b [out] on every row.
+  static void add_bias(tensor_view<T, host, 2> y, tensor_view<const T, host, 1> b) {
+    LOOM_CHECK(b.extent(0) == y.extent(1), "nn::linear: a bias of ", b.extent(0), " for ", y.extent(1), " outputs");
+    for (index_t r = 0; r < y.extent(0); ++r) {
+      T* yr = &y(r, 0);
+      LOOM_SIMD
+      for (index_t j = 0; j < y.extent(1); ++j) yr[j] += b(j);
     }
   }
 

@@ -4,6 +4,9 @@
 //   gelu_mlp   (GPT):    y = Wp gelu(Wf x + bf) + bp   `<name>.fc/proj.weight|bias`
 // The hidden activations backward needs are in the caller-owned `activations`; inference runs
 // swiglu_mlp forward only, over weights packed once, keeping none.
+// swiglu_mlp with fused_gate_up keeps W1 and W3 as one tensor `<name>.w13.weight` [2 F, dim]
+// with rows [gate | up] (ChatGLM's dense_h_to_4h); W1 and W3 are views of its two halves, so
+// tensor parallelism still splits gate and up each (a rank's part is two rectangles).
 // swiglu_mlp runs on any tensor-parallel size (the hidden units split, Megatron-LM's
 // column- then row-parallel pair: one all-reduce in forward, one in backward); on one rank,
 // with a comm::self_comm or the overloads without a communicator, those are no-ops.
@@ -37,16 +40,26 @@ class swiglu_mlp {
   /// MLP); the hidden units are split (W1, W3 column-parallel: rows [r F/tp, (r+1) F/tp);
   /// W2 row-parallel: the same columns); shards, when given, records each local rectangle.
   swiglu_mlp(param_layout& layout, const std::string& name, index_t dim, index_t hidden_dim, tp::tp_rank t = {},
-             tp::shard_list* shards = nullptr) {
+             tp::shard_list* shards = nullptr, bool fused_gate_up = false) {
     t.validate();
     const index_t f = tp::split_even(hidden_dim, t.size, (name + " hidden_dim").c_str()), f0 = f * t.rank;
-    w1_ = linear<T>(layout, name + ".w1", dim, f);
-    w2_ = linear<T>(layout, name + ".w2", f, dim);
-    w3_ = linear<T>(layout, name + ".w3", dim, f);
+    if (fused_gate_up) {
+      const auto w = layout.add(name + ".w13.weight", extents<2>{2 * f, dim});
+      w1_ = linear<T>(param_slot<2>{w.offset, {f, dim}});
+      w3_ = linear<T>(param_slot<2>{w.offset + static_cast<std::size_t>(f * dim), {f, dim}});
+      w2_ = linear<T>(layout, name + ".w2", f, dim);
+      tp::record(shards, name + ".w13.weight", w1_.weight(), 2 * hidden_dim, dim, f0, 0);
+      tp::record(shards, name + ".w13.weight", w3_.weight(), 2 * hidden_dim, dim, hidden_dim + f0, 0);
+      tp::record(shards, name + ".w2.weight", w2_.weight(), dim, hidden_dim, 0, f0);
+    } else {
+      w1_ = linear<T>(layout, name + ".w1", dim, f);
+      w2_ = linear<T>(layout, name + ".w2", f, dim);
+      w3_ = linear<T>(layout, name + ".w3", dim, f);
+      tp::record(shards, name + ".w1.weight", w1_.weight(), hidden_dim, dim, f0, 0);
+      tp::record(shards, name + ".w2.weight", w2_.weight(), dim, hidden_dim, 0, f0);
+      tp::record(shards, name + ".w3.weight", w3_.weight(), hidden_dim, dim, f0, 0);
+    }
     tp_size_ = t.size;
-    tp::record(shards, name + ".w1.weight", w1_.weight(), hidden_dim, dim, f0, 0);
-    tp::record(shards, name + ".w2.weight", w2_.weight(), dim, hidden_dim, 0, f0);
-    tp::record(shards, name + ".w3.weight", w3_.weight(), hidden_dim, dim, f0, 0);
   }
 
   index_t dim() const noexcept { return w1_.in_features(); }

@@ -14,8 +14,9 @@ template <ops::compute_type T>
 class rotary {
  public:
   rotary() = default;
-  rotary(index_t max_seq, index_t head_dim, double theta, ops::rope_style style)
-      : table_(max_seq, head_dim, theta), style_(style) {}
+  /// rotary_dim: the leading channels of each head that rotate (0: all of them).
+  rotary(index_t max_seq, index_t head_dim, double theta, ops::rope_style style, index_t rotary_dim = 0)
+      : table_(max_seq, head_dim, theta, rotary_dim), style_(style) {}
 
   ops::rope_style style() const noexcept { return style_; }
   index_t max_seq() const noexcept { return table_.max_seq; }

@@ -21,6 +21,9 @@ import sys
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
+from safetensors_io import write_safetensors  # noqa: E402
+
 out = sys.argv[1]
 os.makedirs(os.path.join(out, "hf"), exist_ok=True)
 os.makedirs(os.path.join(out, "hf_bf16"), exist_ok=True)
@@ -115,30 +118,6 @@ def hf_names(m):
     if "output.weight" in m:
         h["lm_head.weight"] = m["output.weight"]
     return h
-
-
-def to_bf16_bytes(a):  # round to nearest even
-    u = np.ascontiguousarray(a, dtype="<f4").view(np.uint32).astype(np.uint64)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
-    return r.tobytes()
-
-
-def write_safetensors(path, tensors, dtype):
-    header, blobs, off = {}, [], 0
-    for name in tensors:  # insertion order; readers must not care
-        a = tensors[name]
-        b = to_bf16_bytes(a) if dtype == "BF16" else np.ascontiguousarray(a, dtype="<f4").tobytes()
-        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    header["__metadata__"] = {"format": "pt"}
-    hb = json.dumps(header).encode()
-    hb += b" " * ((8 - len(hb) % 8) % 8)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(hb)))
-        fh.write(hb)
-        for b in blobs:
-            fh.write(b)
 
 
 def hf_config(shared):

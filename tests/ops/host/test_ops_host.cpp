@@ -264,6 +264,42 @@ TEST_CASE("rope: both conventions against complex rotation, backward inverts for
   CHECK_THROWS_AS(ops::rope_table<float>(8, 7, 1e4), loom::error);
 }
 
+TEST_CASE("rope on part of each head (rotary_dim < head_dim, ChatGLM's half): the leading channels rotate, the rest pass through") {
+  const index_t b = 2, s = 4, h = 3, hd = 12, rot = 4;
+  const double theta = 15000.0;
+  ops::rope_table<double> table(8, hd, theta, rot);
+  const vec x0 = random_vector(b * s * h * hd, 13);
+  const std::vector<std::int64_t> pos{2, 7, 0, 5, 1, 3, 6, 4};
+  for (auto style : {ops::rope_style::interleaved, ops::rope_style::half_split}) {
+    vec x = x0, y = x0;
+    const index_t pos0 = 2;
+    ops::rope_forward(host{}, make_view(x.data(), b, s, h, hd), table, style, pos0);
+    ops::rope_forward(host{}, make_view(y.data(), b * s, h, hd), table, style, std::span<const std::int64_t>(pos));
+    for (index_t row = 0; row < b * s; ++row)
+      for (index_t hi = 0; hi < h; ++hi) {
+        const index_t base = (row * h + hi) * hd;
+        for (index_t c = rot; c < hd; ++c) {  // past rotary_dim: untouched
+          CHECK(x[base + c] == x0[base + c]);
+          CHECK(y[base + c] == x0[base + c]);
+        }
+        for (index_t i = 0; i < rot / 2; ++i) {  // pairs within the first rot channels, f_i = theta^(-2i/rot)
+          const index_t i0 = style == ops::rope_style::interleaved ? base + 2 * i : base + i;
+          const index_t i1 = style == ops::rope_style::interleaved ? base + 2 * i + 1 : base + i + rot / 2;
+          const double f = 1.0 / std::pow(theta, double(2 * i) / double(rot));
+          for (auto [out, p] : {std::pair{&x, double(pos0 + row % s)}, std::pair{&y, double(pos[std::size_t(row)])}}) {
+            CHECK((*out)[i0] == doctest::Approx(x0[i0] * std::cos(p * f) - x0[i1] * std::sin(p * f)).epsilon(1e-12));
+            CHECK((*out)[i1] == doctest::Approx(x0[i0] * std::sin(p * f) + x0[i1] * std::cos(p * f)).epsilon(1e-12));
+          }
+        }
+      }
+    ops::rope_backward(host{}, make_view(x.data(), b, s, h, hd), table, style, pos0);
+    for (std::size_t i = 0; i < x.size(); ++i) CHECK(x[i] == doctest::Approx(x0[i]).epsilon(1e-12));
+  }
+  CHECK_THROWS_WITH_AS(ops::rope_table<float>(8, 12, 1e4, 6 + 8), doctest::Contains("rotary_dim must be even and in (0, head_dim=12], got rotary_dim=14"),
+                       loom::error);
+  CHECK_THROWS_AS(ops::rope_table<float>(8, 12, 1e4, 3), loom::error);
+}
+
 TEST_CASE("rope with per-token positions (ragged inference batches) against complex rotation; a position past the table is a loom::error") {
   const index_t n = 7, h = 3, hd = 8;
   const double theta = 500000.0;
