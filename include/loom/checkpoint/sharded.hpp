@@ -328,13 +328,6 @@ class reader {
     LOOM_CHECK(n <= held, what_, ": tensor '", name.substr(0, 80), "' has ", n, " elements by its shape, its pieces hold ", held);
     return n;
   }
-  /// Bytes of the rank files (the state on disk).
-  std::uint64_t bytes() const {
-    std::uint64_t n = 0;
-    for (const auto& ix : index_) n += std::filesystem::file_size(ix.path);
-    return n;
-  }
-
   /// Refuses a checkpoint of another model: `want` must name the same tensors with the same
   /// full shapes (an error names the tensor count, or the tensor and both shapes).
   void check_model(const tensor_shapes& want) const {
