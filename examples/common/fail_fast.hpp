@@ -8,7 +8,7 @@
 // The library never ends a program (a header must not); a main decides, here, in its catch.
 //
 //   int main(int argc, char** argv) {
-//     return examples::run_or_fail("llama-train3d", [&] { ...; return 0; });
+//     return examples::run_or_fail("llama-train", [&] { ...; return 0; });
 //   }
 
 #include <cstdio>

@@ -15,21 +15,17 @@
 // allocator, scheduler and paged attention (kv).
 
 #include <common/cli.hpp>
-#include <llama/generate/from_trained.hpp>
 #include <llama/generate/llama_engine.hpp>
-#include <llama/model/llama.hpp>
-#include <llama/train3d/checkpoint.hpp>
+#include <llama/generate/llama_loader.hpp>
 #include <synthetic_corpus.hpp>
-
-#include <loom/comm/thread_comm.hpp>
-#include <loom/io/safetensors.hpp>
-#include <loom/optim/lr_schedule.hpp>
+#include <train.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <memory>
-#include <sstream>
+#include <fstream>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -38,7 +34,7 @@ namespace {
 const char* usage =
     "usage: loom-demo [--steps N] [--dp D] [--tp T] [--pp P] [--zero 0|1|2|3] [--out DIR] [--max-new N]\n"
     "  Trains a small LLaMA with ZeRO over dp x tp x pp thread ranks on the bundled corpus, saves a\n"
-    "  sharded checkpoint, consolidates it, loads it into the paged-KV engine and generates.\n"
+    "  sharded checkpoint, exports it as a Hugging Face folder, loads that into the paged-KV engine and generates.\n"
     "  Defaults: --steps 200 --dp 2 --tp 2 --pp 2 --zero 3 --out loom-demo-out --max-new 40\n";
 
 struct options {
@@ -80,92 +76,43 @@ int main(int argc, char** argv) {
   try {
     namespace fs = std::filesystem;
     const auto t_start = std::chrono::steady_clock::now();
-    // ---- the model and the data ------------------------------------------------------------
-    llama::config cfg;
-    cfg.dim = 128, cfg.n_layers = 4, cfg.n_heads = 4, cfg.n_kv_heads = 2, cfg.hidden_dim = 352;
-    cfg.vocab = 256, cfg.seq_len = 128;  // byte-level tokens
-    cfg.validate();
-    llama3d::train_options topt;
-    topt.mesh = o.mesh;
-    topt.zero_stage = o.zero;
-    topt.schedule = "1f1b";
-    topt.micro_batches = 4;  // per data-parallel rank and step
-    topt.micro_batch_size = 4;
-    topt.seq = 64;
-    topt.adamw.lr = 3e-3f;
-    topt.adamw.weight_decay = 0.01f;
-    topt.gradient_clipping = 1.f;
-    topt.seed = 7;
-    loom::optim::warmup_cosine_lr lr{.base_lr = topt.adamw.lr, .total_num_steps = o.steps, .warmup_min_ratio = 0.f,
-                                     .warmup_num_steps = std::max<std::int64_t>(2, o.steps / 10), .cos_min_ratio = 0.1f,
-                                     .type = loom::optim::warmup_type::linear};
-    const std::string corpus = examples::synthetic_corpus(1 << 19);  // 512 KiB of byte-level text
-    const auto window = static_cast<std::size_t>(topt.seq);
-    auto batch = [&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
-      const loom::counter_rng rng(topt.seed, 99);  // row r of micro-batch g at step t: same on any mesh
-      for (std::size_t r = 0; r < static_cast<std::size_t>(topt.micro_batch_size); ++r) {
-        const std::uint64_t key = (static_cast<std::uint64_t>(step) * 4096u + static_cast<std::uint64_t>(g)) * 64u +
-                                  static_cast<std::uint64_t>(r);
-        const std::size_t start = rng.bits(key) % (corpus.size() - window - 1);
-        for (std::size_t i = 0; i < window; ++i) {
-          tok[r * window + i] = static_cast<unsigned char>(corpus[start + i]);
-          tgt[r * window + i] = static_cast<unsigned char>(corpus[start + i + 1]);
-        }
-      }
-    };
-
-    const int world = o.mesh.size();
-    fs::create_directories(fs::path(o.out) / "checkpoint");
+    fs::create_directories(o.out);
+    // ---- the model, the data and the DeepSpeed-style config ---------------------------------
+    llama_train::options t;
+    t.model.dim = 128, t.model.n_layers = 4, t.model.n_heads = 4, t.model.n_kv_heads = 2, t.model.hidden_dim = 352;
+    t.model.vocab = 256, t.model.seq_len = 128;  // byte-level tokens
+    t.mesh = o.mesh;
+    t.steps = o.steps;
+    t.seed = 7;
+    t.print_every = 10;
+    const std::string corpus = (fs::path(o.out) / "corpus.bin").string();
+    examples::write_corpus_shard(corpus, examples::synthetic_corpus(1 << 19));  // 512 KiB of byte-level text
+    t.data = {corpus};
+    t.config_path = (fs::path(o.out) / "ds_config.json").string();
+    std::ofstream(t.config_path)
+        << "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 4, \"gradient_clipping\": 1.0,\n"
+           " \"zero_optimization\": {\"stage\": " << o.zero << "},\n"
+           " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-3, \"weight_decay\": 0.01}},\n"
+           " \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"total_num_steps\": \"auto\", \"warmup_num_steps\": "
+        << std::max<std::int64_t>(2, o.steps / 10) << ", \"cos_min_ratio\": 0.1}}}\n";
+    t.save = (fs::path(o.out) / "checkpoint").string();
+    t.keep_last = 1;
+    t.export_hf = (fs::path(o.out) / "hf").string();
     std::printf("loom demo: LLaMA dim=%lld layers=%lld heads=%lld (kv %lld) vocab=%lld on %d thread ranks "
-                "(dp=%d x tp=%d x pp=%d), ZeRO-%d, 1F1B, %lld steps\n",
-                (long long)cfg.dim, (long long)cfg.n_layers, (long long)cfg.n_heads, (long long)cfg.n_kv_heads,
-                (long long)cfg.vocab, world, o.mesh.dp, o.mesh.tp, o.mesh.pp, o.zero, (long long)o.steps);
-    std::vector<std::unique_ptr<loom::host_memory_resource>> mem;
-    for (int r = 0; r < world; ++r) mem.push_back(std::make_unique<loom::host_memory_resource>("rank " + std::to_string(r)));
+                "(dp=%d x tp=%d x pp=%d), ZeRO-%d, 1F1B, %lld steps (config %s)\n",
+                (long long)t.model.dim, (long long)t.model.n_layers, (long long)t.model.n_heads, (long long)t.model.n_kv_heads,
+                (long long)t.model.vocab, o.mesh.size(), o.mesh.dp, o.mesh.tp, o.mesh.pp, o.zero, (long long)o.steps,
+                t.config_path.c_str());
+    std::fflush(stdout);
 
-    // ---- 1. train; 2. save the sharded checkpoint ---------------------------------------------
-    const double tokens_per_step = double(o.mesh.dp) * topt.micro_batches * double(topt.micro_batch_size * topt.seq);
-    std::string checkpoint_dir;
+    // ---- 1. train; 2. save the sharded checkpoint and export it as an HF LLaMA folder ---------
     const auto t_train = std::chrono::steady_clock::now();
-    loom::comm::run_ranks(world, [&](loom::comm::thread_comm& comm) {
-      const int r = comm.rank();
-      auto& mr = *mem[static_cast<std::size_t>(r)];
-      llama3d::trainer<float, float, loom::comm::thread_comm> t(comm, cfg, topt, mr);
-      const auto b = t.bytes();
-      double states = double(b.parameters + b.gradients + b.optimizer), max_states = states;
-      comm.all_reduce(std::span<const double>(&states, 1), std::span<double>(&max_states, 1), loom::comm::reduce_op::max);
-      if (r == 0)
-        std::printf("model states per rank: %.1f KiB (largest rank; parameters + gradients + fp32 master and Adam "
-                    "moments, divided by tp x pp and, with ZeRO-3, by dp)\n",
-                    max_states / 1024.0);
-      double loss_first = 0;
-      for (std::int64_t s = 0; s < o.steps; ++s) {
-        t.set_lr(lr.lr(s));
-        const auto st = t.step(batch);
-        if (s == 0) loss_first = st.loss;
-        double peak = double(mr.peak_bytes()), secs = st.seconds;
-        comm.all_reduce(std::span<const double>(&peak, 1), std::span<double>(&peak, 1), loom::comm::reduce_op::max);
-        comm.all_reduce(std::span<const double>(&secs, 1), std::span<double>(&secs, 1), loom::comm::reduce_op::max);
-        if (r == 0 && (s % 10 == 0 || s + 1 == o.steps)) {
-          std::printf("step %4lld  loss %.4f  lr %.2e  %6.0f tokens/s  peak memory/rank %.2f MiB\n", (long long)s + 1,
-                      st.loss, lr.lr(s), tokens_per_step / secs, peak / (1024.0 * 1024.0));
-          std::fflush(stdout);
-        }
-        if (r == 0 && s + 1 == o.steps)
-          std::printf("trained %lld steps in %.1f s: loss %.3f -> %.3f (uniform guess: %.3f)\n", (long long)o.steps,
-                      seconds_since(t_train), loss_first, st.loss, std::log(double(cfg.vocab)));
-      }
-      // Each rank writes the training state it owns (sharded checkpoint: nothing gathered).
-      const std::string dir = llama3d::save_checkpoint(t, (fs::path(o.out) / "checkpoint").string());
-      if (r == 0) checkpoint_dir = dir;
-    });
-
-    // ---- export the shards as an HF LLaMA folder, one tensor at a time -----------------------
-    const std::string model_dir = (fs::path(o.out) / "hf").string();
-    llama::export_hf(checkpoint_dir, model_dir, cfg);
-    std::printf("saved the sharded checkpoint (%d rank files in %s) and exported it, one tensor at a time, as the HF "
-                "folder %s (%.1f MiB)\n",
-                world, checkpoint_dir.c_str(), model_dir.c_str(),
+    const auto trained = llama_train::run(t, &std::cout);
+    std::printf("trained %lld steps in %.1f s: loss %.3f -> %.3f (uniform guess: %.3f)\n", (long long)o.steps, seconds_since(t_train),
+                trained.steps.front().loss, trained.steps.back().loss, std::log(double(t.model.vocab)));
+    const std::string model_dir = t.export_hf;
+    std::printf("every rank wrote the training state it owns (%s); exported one tensor at a time as the HF folder %s (%.1f MiB)\n",
+                trained.checkpoint.c_str(), model_dir.c_str(),
                 double(fs::file_size(fs::path(model_dir) / "model.safetensors")) / (1024.0 * 1024.0));
 
     // ---- 3. load into the paged-KV engine and generate -------------------------------------------

@@ -4,7 +4,7 @@
 // within 1e-5. Also: fp16 with dynamic loss scaling runs and matches in loss to 1e-2;
 // parameter and optimizer offload to cpu change nothing; the seed's own ds_config_zero3.json
 // (fp16, ZeRO-3, both offloads, activation checkpointing) trains on 4 ranks as on one.
-#include <run.hpp>
+#include <train.hpp>
 
 #include <doctest/doctest.h>
 
@@ -20,7 +20,7 @@ llama_train::options small(int ranks) {
   o.model = {.dim = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .hidden_dim = 64, .vocab = 256, .seq_len = 16};
   o.steps = 6;
   o.batch = 8 / ranks;  // global batch 8
-  o.ranks = ranks;
+  o.mesh.dp = ranks;
   o.data = {LOOM_CORPUS};
   return o;
 }

@@ -2,7 +2,7 @@
 // loss scaling inside the loop follows the scaler's rules, gradient accumulation equals a
 // bigger micro-batch, bad configs and data fail with a message naming the value.
 #include "synthetic_corpus.hpp"
-#include "run.hpp"
+#include "train.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,0 +1,134 @@
+// llama_train_lib: run() chooses the ranks (one, threads, or mpirun's processes) and the
+// parameter type; run_rank's instantiations live in train_<precision>.cpp.
+#include "instantiate.hpp"
+
+#include <common/fail_fast.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/memory.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#ifdef LOOM_HAS_MPI
+#include <mpi.h>
+#endif
+
+LLAMA_TRAIN_RUN_RANK(extern, float)
+LLAMA_TRAIN_RUN_RANK(extern, loom::bfloat16)
+LLAMA_TRAIN_RUN_RANK(extern, loom::half)
+
+namespace llama_train {
+
+loom::io::ds_config resolve_config(const options& o) {
+  loom::io::ds_config c = o.config_path.empty() ? loom::io::parse_ds_config(nlohmann::json::object())
+                                                : loom::io::load_ds_config(o.config_path, {o.allow_unknown});
+  if (o.config_path.empty()) {
+    c.micro_batch_given = o.batch, c.grad_accum_given = o.grad_accum;
+    c.zero.stage = o.zero;
+  }
+  loom::io::ds_context ctx{.world_size = o.mesh.dp, .hidden_size = o.model.dim, .total_steps = o.steps, .warmup_steps = o.warmup,
+                           .lr = o.lr, .weight_decay = o.weight_decay, .gradient_clipping = o.clip,
+                           .precision = o.precision.value_or(loom::dtype::f32), .micro_batch = o.batch, .grad_accum = o.grad_accum};
+  loom::io::resolve_ds_config(c, ctx);
+  LOOM_CHECK(!o.precision || c.precision() == *o.precision || o.config_path.empty(), "llama-train: --precision ",
+             loom::dtype_name(*o.precision), " contradicts the config's ", loom::dtype_name(c.precision()), " (", o.config_path, ")");
+  if (o.config_path.empty() && o.precision) {  // without a config, fp16 takes DeepSpeed's default dynamic scaler
+    c.fp16.enabled.value = *o.precision == loom::dtype::f16;
+    c.bf16.value = *o.precision == loom::dtype::bf16;
+  }
+  // offload_param: DeepSpeed moves the fp16 parameters from the GPU to host memory; on the
+  // host backend they live there already, so "cpu" holds by construction (the parser refuses
+  // "nvme" for parameters; docs/training.md).
+  LOOM_CHECK(c.zero.offload_param.device == loom::io::offload_device::none ||
+                 c.zero.offload_param.device == loom::io::offload_device::cpu,
+             "llama-train: zero_optimization.offload_param: only device \"cpu\" (or \"none\") is supported");
+  return c;
+}
+
+std::string progress_line(const step_record& r, std::int64_t total, bool show_scale) {
+  char buf[320];
+  int n = std::snprintf(buf, sizeof buf,
+                        "step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | %.3f GFLOP/s | mem %.1f MiB (peak %.1f)",
+                        static_cast<long long>(r.step), static_cast<long long>(total), r.loss, static_cast<double>(r.lr), r.grad_norm,
+                        r.tokens_per_s, r.flops_per_s * 1e-9, static_cast<double>(r.mem_bytes) / 1048576.0,
+                        static_cast<double>(r.peak_bytes) / 1048576.0);
+  if (show_scale && n > 0 && n < static_cast<int>(sizeof buf))
+    std::snprintf(buf + n, sizeof buf - static_cast<std::size_t>(n), " | scale %g%s", static_cast<double>(r.scale),
+                  r.skipped ? " (overflow: step skipped)" : "");
+  return buf;
+}
+
+int mpi_launch_size() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
+int mpi_launch_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
+namespace {
+
+template <class C>
+train_result run_on(C& comm, const options& o, const loom::io::ds_config& c, std::ostream* log) {
+  switch (c.precision()) {
+    case loom::dtype::bf16: return run_rank<loom::bfloat16>(comm, o, c, log);
+    case loom::dtype::f16: return run_rank<loom::half>(comm, o, c, log);
+    default: return run_rank<float>(comm, o, c, log);
+  }
+}
+
+}  // namespace
+
+train_result run(const options& o, std::ostream* log) {
+  const int world = o.mesh.size();
+  LOOM_CHECK(o.mesh.dp >= 1 && o.mesh.tp >= 1 && o.mesh.pp >= 1 && world <= 256, "llama-train: mesh dp=", o.mesh.dp, " tp=", o.mesh.tp,
+             " pp=", o.mesh.pp, " must have 1..256 ranks");
+  LOOM_CHECK(!o.data.empty(), "llama-train: no --data given");
+  LOOM_CHECK(o.eval_every == 0 || !o.eval_data.empty() || (o.data.size() == 1 && o.data[0] == "counting"), "llama-train: --eval-every ",
+             o.eval_every, " needs --eval-data (held-out files) unless --data is counting");
+  LOOM_CHECK(o.export_hf.empty() || !o.save.empty(), "llama-train: --export-hf ", o.export_hf,
+             " needs --save DIR (it exports the checkpoint the run saves last)");
+  const auto c = resolve_config(o);
+  for (const auto& w : c.warnings)
+    if (log && mpi_launch_rank() == 0) *log << "note: " << w << std::endl;
+#ifdef LOOM_HAS_MPI
+  if (mpi_launch_size() > 1) {
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    }
+    train_result r;
+    try {
+      loom::comm::mpi_comm comm = loom::comm::mpi_comm::world();
+      LOOM_CHECK(comm.size() == world, "llama-train: dp x tp x pp = ", world, " but mpirun started ", comm.size(), " processes");
+      r = run_on(comm, o, c, log);
+    } catch (const std::exception& e) {  // one failed process must not leave the others waiting
+      examples::fail("llama-train", e.what());
+      throw;
+    }
+    if (!init) MPI_Finalize();
+    return r;
+  }
+#endif
+  if (world == 1) {  // one rank: collectives are copies or nothing, no thread is started
+    loom::comm::self_comm comm;
+    return run_on(comm, o, c, log);
+  }
+  train_result out;
+  loom::comm::run_ranks(world, [&](loom::comm::thread_comm& comm) {
+    train_result r = run_on(comm, o, c, log);
+    if (comm.rank() == 0) out = std::move(r);
+  });
+  return out;
+}
+
+}  // namespace llama_train
