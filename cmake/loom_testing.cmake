@@ -84,3 +84,38 @@ function(loom_add_test name)
     endif()
   endif()
 endfunction()
+
+# loom_add_test_group(<binary> TESTS <name> <source> [<name> <source> ...] [LIBS ...] [LABELS ...]
+#                     [TIMEOUT s])
+#
+# Several doctest files that instantiate the same heavy templates (the mesh trainer, the
+# server) compiled as ONE translation unit (CMake's unity build) into one executable, and
+# still registered as one CTest test per file: test <name> runs the binary on the test cases
+# of <source> only (doctest --source-file). Why: each file would otherwise instantiate the
+# same templates again, and compile time is most of CI's time on 2 cores. The files must not
+# define the same names at namespace scope (give helpers distinct names).
+function(loom_add_test_group binary)
+  cmake_parse_arguments(T "" "TIMEOUT" "TESTS;LIBS;LABELS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT ${LOOM_TEST_TIMEOUT})
+  endif()
+  set(names)
+  set(sources)
+  while(T_TESTS)
+    list(POP_FRONT T_TESTS name source)
+    list(APPEND names ${name})
+    list(APPEND sources ${source})
+  endwhile()
+  add_executable(${binary} ${sources})
+  set_target_properties(${binary} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 0)
+  target_link_libraries(${binary} PRIVATE loom_test_main loom::loom doctest::doctest loom_warnings ${T_LIBS})
+  target_include_directories(${binary} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  foreach(name source IN ZIP_LISTS names sources)
+    get_filename_component(file ${source} NAME)
+    add_test(NAME ${name} COMMAND ${binary} --source-file=*/${file})
+    set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} ENVIRONMENT "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1")
+    if(T_LABELS)
+      set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
+    endif()
+  endforeach()
+endfunction()
