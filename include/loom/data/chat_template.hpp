@@ -169,6 +169,18 @@ void check_chat_template(const Tok& tok, chat_template kind, std::string_view to
                ", which tokenizer '", tokenizer_name, "' lacks (ChatGLM3's tokenizer.model with its appended special tokens has it)");
 }
 
+/// The ids every prompt under template `kind` starts with, as the model's tokenizer adds them
+/// (a raw completion prompt too): [gMASK] sop for ChatGLM2/3 (chatglm2 starts with bos on a
+/// tokenizer without them, as byte-level examples do), bos for llama2.
+template <tokenizer Tok>
+std::vector<std::int32_t> chat_prefix(const Tok& tok, chat_template kind) {
+  if (kind == chat_template::chatglm3)
+    return {detail::required_special(tok, "[gMASK]", "chatglm3"), detail::required_special(tok, "sop", "chatglm3")};
+  const auto gmask = tok.special_id("[gMASK]"), sop = tok.special_id("sop");
+  if (kind == chat_template::chatglm2 && gmask && sop) return {*gmask, *sop};
+  return {static_cast<std::int32_t>(tok.bos_id())};
+}
+
 /// The ids a model reads for `m` up to where the assistant's answer begins (see the top of
 /// this file): chatglm2 and llama2 take alternating user / assistant messages ending in a user
 /// one (llama2 a system message first); chatglm3 any sequence of its four roles, each with
@@ -178,15 +190,12 @@ std::vector<std::int32_t> render_chat(std::span<const chat_message> m, const Tok
   using detail::append;
   std::vector<std::int32_t> ids;
   switch (kind) {
-    case chat_template::chatglm2: {
-      const auto gmask = tok.special_id("[gMASK]"), sop = tok.special_id("sop");
-      if (gmask && sop) ids = {*gmask, *sop};
-      else ids = {static_cast<std::int32_t>(tok.bos_id())};
+    case chat_template::chatglm2:
+      ids = chat_prefix(tok, kind);
       append(ids, tok.encode(detail::chatglm2_text(m)));
       break;
-    }
     case chat_template::chatglm3: {
-      ids = {detail::required_special(tok, "[gMASK]", "chatglm3"), detail::required_special(tok, "sop", "chatglm3")};
+      ids = chat_prefix(tok, kind);
       for (std::size_t i = 0; i < m.size(); ++i) {
         const std::string& role = m[i].role;
         LOOM_CHECK(role == "system" || role == "user" || role == "assistant" || role == "observation", "chat template chatglm3: message ",
