@@ -131,7 +131,7 @@ inline void check_turns(std::span<const chat_message> m, std::size_t from, chat_
     const char* want = (i - from) % 2 == 0 ? "user" : "assistant";
     LOOM_CHECK(m[i].role == want, "chat template ", template_name(kind), ": message ", i, " has role '", m[i].role.substr(0, 32),
                "' where '", want, "' was expected (", m[i].role == "system" ? "a system message only comes first; " : "",
-               "turns alternate user / assistant and end with user", kind == chat_template::chatglm2 ? "; chatglm2 has no system prompt (give chatglm3 or llama2)" : "", ")");
+               "turns alternate user / assistant and end with user", kind == chat_template::chatglm2 && m[i].role == "system" ? "; chatglm2 has no system prompt (give chatglm3 or llama2)" : "", ")");
   }
   LOOM_CHECK(m.back().role == "user", "chat template ", template_name(kind), ": the last message has role '", m.back().role.substr(0, 32),
              "'; the model answers a user message");
