@@ -11,7 +11,9 @@
 #endif
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <sstream>
@@ -73,6 +75,58 @@ TEST_CASE("chat_loader with a SentencePiece tokenizer and the chatglm3 template:
   for (std::size_t i = s.ids.size() - 1; i < 72; ++i) CHECK(targets[i] == ignore_index);
   CHECK(tokens.front() == *tok.special_id("[gMASK]"));
 }
+TEST_CASE("render_chat gives the transcriptions' prompt ids for conversations, ChatGLM3's tools and observations included") {
+  const std::string dir = LOOM_TOKENIZER_FIXTURES;
+  std::vector<std::vector<chat_message>> conversations;
+  std::ifstream in(dir + "/conversations.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto& c = conversations.emplace_back();
+    const auto j = nlohmann::json::parse(line);
+    for (const auto& m : j["messages"])
+      c.push_back({m["role"].get<std::string>(), m["content"].get<std::string>(), m.value("metadata", std::string())});
+  }
+  REQUIRE(conversations.size() == 45);
+  const sentencepiece_tokenizer tok(dir + "/bpe.model", {.appended_specials = chatglm3_special_tokens()});
+  for (const std::string name : {"chatglm2", "chatglm3", "llama2"}) {
+    CAPTURE(name);
+    const chat_template kind = parse_chat_template(name);
+    std::ifstream f(dir + "/render_" + name + ".txt");
+    std::size_t n = 0, refused = 0;
+    for (std::string line; std::getline(f, line); ++n) {
+      CAPTURE(n);
+      REQUIRE(n < conversations.size());
+      if (line == "refused") {  // a role the template has no place for: named in the error
+        ++refused;
+        const std::string e = error_of([&] { (void)render_chat(conversations[n], tok, kind); });
+        CHECK(e.find("chat template " + name + ": message ") != std::string::npos);
+        continue;
+      }
+      std::vector<std::int32_t> want;
+      std::istringstream a(line);
+      for (std::int32_t v; a >> v;) want.push_back(v);
+      CHECK(render_chat(conversations[n], tok, kind) == want);
+    }
+    CHECK(n == conversations.size());
+    CHECK(refused == (name == "chatglm2" ? 25u : name == "llama2" ? 3u : 0u));
+    std::ifstream stop(dir + "/stop_" + name + ".txt");
+    std::vector<std::int32_t> want;
+    for (std::int32_t v; stop >> v;) want.push_back(v);
+    CHECK(chat_stop_ids(tok, kind) == want);
+    CHECK_NOTHROW(check_chat_template(tok, kind, "bpe.model"));
+  }
+  // The tool round trip as ChatGLM3 writes it: the observation's role token, its content.
+  const auto& tools = conversations[41];
+  CHECK(tools[2].metadata == "get_weather");
+  const auto ids = render_chat(tools, tok, chat_template::chatglm3);
+  CHECK(std::count(ids.begin(), ids.end(), *tok.special_id("<|observation|>")) == 1);
+  CHECK(ids.back() == *tok.special_id("<|assistant|>"));
+  // A tokenizer without ChatGLM3's role tokens: the check names the token and the file.
+  const sentencepiece_tokenizer glm2(dir + "/bpe.model", {.appended_specials = chatglm2_special_tokens()});
+  const std::string e = error_of([&] { check_chat_template(glm2, chat_template::chatglm3, "glm2/tokenizer.model"); });
+  CHECK(e.find("chat template chatglm3 needs the special token <|system|>, which tokenizer 'glm2/tokenizer.model' lacks") !=
+        std::string::npos);
+  CHECK_NOTHROW(check_chat_template(glm2, chat_template::chatglm2, "glm2/tokenizer.model"));
+}
 #else
 TEST_CASE("SentencePiece template cases") { MESSAGE("skipped: loom was configured without SentencePiece (libsentencepiece-dev)"); }
 #endif
@@ -103,6 +157,20 @@ TEST_CASE("byte tokenizer: chatglm2 keeps the bos prefix; templates that need sp
   CHECK(e.find("chatglm2 has no system prompt") != std::string::npos);
   e = error_of([&] { (void)parse_chat_template("gpt4"); });
   CHECK(e.find("chat template 'gpt4' is not one of chatglm2, chatglm3, llama2") != std::string::npos);
+  // messages: roles a template has no place for, named with the message's index
+  const std::vector<chat_message> obs{{"user", "q", {}}, {"observation", "{}", {}}};
+  e = error_of([&] { (void)render_chat(obs, tok, chat_template::llama2); });
+  CHECK(e.find("chat template llama2: message 1 has role 'observation' where 'assistant' was expected") != std::string::npos);
+  e = error_of([&] { (void)render_chat(std::vector<chat_message>{{"user", "q", "tool"}}, tok, chat_template::chatglm2); });
+  CHECK(e.find("message 0 has metadata, which only chatglm3 reads") != std::string::npos);
+  e = error_of([&] { (void)render_chat(std::vector<chat_message>{{"system", "s", {}}, {"user", "q", {}}}, tok, chat_template::chatglm2); });
+  CHECK(e.find("chatglm2 has no system prompt") != std::string::npos);
+  e = error_of([&] { (void)render_chat(std::vector<chat_message>{{"user", "q", {}}, {"assistant", "a", {}}}, tok, chat_template::llama2); });
+  CHECK(e.find("the last message has role 'assistant'; the model answers a user message") != std::string::npos);
+  CHECK(render_chat(chat_messages(r), tok, chat_template::chatglm2) == p.source);
+  CHECK(chat_stop_ids(tok, chat_template::llama2) == std::vector<std::int32_t>{257});
+  e = error_of([&] { check_chat_template(tok, chat_template::chatglm3, "bytes"); });
+  CHECK(e.find("needs the special token [gMASK], which tokenizer 'bytes' lacks") != std::string::npos);
   e = error_of([&] { (void)make_chat_sample(p, tok, {.max_source_length = 0}); });
   CHECK(e.find("max_source_length (0)") != std::string::npos);
 }

@@ -17,6 +17,15 @@
 #   records.jsonl                chat records: the seed's, then generated ones with history
 #   chat_<template>.txt          per (record, max_source, max_target): a header line
 #                                "record ms mt", a line of ids, a line of 0/1 response flags
+#   conversations.jsonl          {"messages": [{"role", "content", "metadata"?}, ...]}: the
+#                                records as messages (some with a system message), and ChatGLM3
+#                                tool calls with observations
+#   render_<template>.txt        per conversation, the prompt ids (up to where the assistant's
+#                                answer begins), or "refused" where the template has no place
+#                                for a message's role
+#   api_<template>.txt           per record, the prompt ids of api.py's {prompt, history}
+#   stop_<template>.txt          the ids that end an answer (eos; ChatGLM3's <|user|> and
+#                                <|observation|>)
 #
 # The chat templates below are transcribed independently from ChatGLM2's build_prompt and
 # ptuning/main.py preprocessing, ChatGLM3's build_single_message / build_chat_input, and
@@ -187,3 +196,78 @@ for name, fn in {"chatglm2": chatglm2, "chatglm3": chatglm3, "llama2": llama2}.i
                 ids = a + b + [sp.eos_id()]
                 mask = [0] * len(a) + [1] * (len(b) + 1)
                 f.write("%d %d %d\n%s\n%s\n" % (k, ms, mt, " ".join(map(str, ids)), " ".join(map(str, mask))))
+
+
+# ---- conversations as messages (what a server reads) -------------------------------------------
+def turns(r):
+    m = []
+    for q, a in r["history"]:
+        m += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    return m + [{"role": "user", "content": r["prompt"]}]
+
+
+TOOLS = [{"name": "get_weather", "description": "天气 of a city", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string", "description": "城市"}}, "required": ["city"]}}]
+conversations = []
+for k, r in enumerate(records):
+    conversations.append(([{"role": "system", "content": SYSTEM}] if k % 2 == 0 else []) + turns(r))
+# ChatGLM3's tool use: the system message carries the tools (content + "\n" + json.dumps(tools,
+# indent=4, ensure_ascii=False), as build_chat_input folds them); the assistant's call has the
+# tool's name as metadata; the tool's result comes back as an observation.
+tool_system = {"role": "system", "content": "Answer the following questions as best as you can. You have access to the "
+               "following tools:\n" + json.dumps(TOOLS, indent=4, ensure_ascii=False)}
+call = {"role": "assistant", "metadata": "get_weather", "content": "```python\ntool_call(city='北京')\n```"}
+observation = {"role": "observation", "content": json.dumps({"city": "北京", "temperature": 21}, ensure_ascii=False)}
+conversations.append([tool_system, {"role": "user", "content": "北京 weather?"}, call, observation])
+conversations.append([tool_system, {"role": "user", "content": "北京 weather?"}, call, observation,
+                      {"role": "assistant", "content": "It is 21 degrees in 北京."}, {"role": "user", "content": " and tomorrow? "}])
+conversations.append([{"role": "system", "content": ""}, {"role": "user", "content": "  hi "}])  # Meta wraps an empty system too
+conversations.append([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])        # not alternating
+with open(os.path.join(out, "conversations.jsonl"), "w", encoding="utf-8") as f:
+    for c in conversations:
+        f.write(json.dumps({"messages": c}, ensure_ascii=False) + "\n")
+
+
+def alternating(msgs):  # user, assistant, ..., user
+    return len(msgs) % 2 == 1 and all(m["role"] == ("user" if i % 2 == 0 else "assistant") for i, m in enumerate(msgs))
+
+
+def render_chatglm2(msgs):  # build_prompt over the [query, response] pairs; no system, no tools
+    if not alternating(msgs) or any(m.get("metadata") for m in msgs):
+        return None
+    return chatglm2({"history": [[msgs[i]["content"], msgs[i + 1]["content"]] for i in range(0, len(msgs) - 1, 2)],
+                     "prompt": msgs[-1]["content"], "response": ""})[0]
+
+
+def render_chatglm3(msgs):  # build_chat_input: build_single_message(role, metadata, content) each, then <|assistant|>
+    ids = [special["[gMASK]"], special["sop"]]
+    for m in msgs:
+        ids += [special["<|" + m["role"] + "|>"]] + enc(m.get("metadata", "") + "\n") + enc(m["content"])
+    return ids + [special["<|assistant|>"]]
+
+
+def render_llama2(msgs):  # Meta's chat_completion
+    msgs = [dict(m) for m in msgs]
+    if msgs and msgs[0]["role"] == "system":
+        msgs = [{"role": "user", "content": "<<SYS>>\n" + msgs[0]["content"] + "\n<</SYS>>\n\n" + msgs[1]["content"]}] + msgs[2:]
+    if not alternating(msgs):
+        return None
+    ids = []
+    for q, a in zip(msgs[0:-1:2], msgs[1::2]):
+        ids += [sp.bos_id()] + enc("[INST] {} [/INST] {} ".format(q["content"].strip(), a["content"].strip())) + [sp.eos_id()]
+    return ids + [sp.bos_id()] + enc("[INST] {} [/INST]".format(msgs[-1]["content"].strip()))
+
+
+renders = {"chatglm2": render_chatglm2, "chatglm3": render_chatglm3, "llama2": render_llama2}
+stops = {"chatglm2": [sp.eos_id()], "chatglm3": [sp.eos_id(), special["<|user|>"], special["<|observation|>"]],
+         "llama2": [sp.eos_id()]}
+for name, fn in renders.items():
+    with open(os.path.join(out, "render_" + name + ".txt"), "w") as f:
+        for c in conversations:
+            ids = fn(c)
+            f.write(("refused" if ids is None else " ".join(map(str, ids))) + "\n")
+    with open(os.path.join(out, "api_" + name + ".txt"), "w") as f:
+        for r in records:  # api.py: {"prompt", "history": [[q, a], ...]}, no system prompt
+            f.write(" ".join(map(str, fn(turns(r)))) + "\n")
+    with open(os.path.join(out, "stop_" + name + ".txt"), "w") as f:
+        f.write(" ".join(map(str, stops[name])) + "\n")

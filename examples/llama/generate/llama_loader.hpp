@@ -59,14 +59,15 @@ struct flat_weights {
     return w;
   }
 
-  /// Random weights (normal, scaled by 1/sqrt(fan-in), the embedding by 1; norms uniform in
-  /// [0.8, 1.2]) for tests and benchmarks: a model whose tokens depend on the context.
+  /// Random weights (normal, scaled by 1/sqrt(fan-in), the embedding by 1; biases by 0.1; norms
+  /// uniform in [0.8, 1.2]) for tests and benchmarks: a model whose tokens depend on the context.
   static flat_weights random(const config& c, std::uint64_t seed) {
     const loom::counter_rng rng(seed);
     loom::buffer<float> t;
     return fill(c, [&](const loom::nn::param_info& e) {
       t = loom::buffer<float>(e.numel);
       if (e.name.ends_with("norm.weight")) rng.fill_uniform(t.span(), e.offset, 0.8f, 1.2f);
+      else if (e.shape.size() == 1) rng.fill_normal(t.span(), e.offset, 0.f, 0.1f);  // a bias (ChatGLM's q/k/v) has no fan-in
       else rng.fill_normal(t.span(), e.offset, 0.f, e.name == "tok_embeddings.weight" ? 1.f : 1.f / std::sqrt(float(e.shape[1])));
       return std::span<const float>(t.span());
     });

@@ -1,5 +1,6 @@
 // llama-serve: HTTP server (ChatGLM api.py protocol + OpenAI-compatible completions and chat
 // completions with SSE streaming) over the paged-KV LLaMA engine. Ctrl-C stops it.
+#include "chat_setup.hpp"
 #include "llama_cli.hpp"
 #include "llama_server.hpp"
 
@@ -17,15 +18,20 @@
 
 namespace {
 const char* usage =
-    "usage: llama-serve (--checkpoint PATH | --random) [--tokenizer tokenizer.bin|.model] [--host H] [--port P]\n"
+    "usage: llama-serve (--checkpoint PATH | --random) [--tokenizer tokenizer.bin|.model]\n"
+    "                   [--template chatglm2|chatglm3|llama2|none] [--host H] [--port P]\n"
     "                   [--blocks N] [--block-size N] [--budget N] [--max-seqs N] [--model-name NAME]\n"
     "                   [--api-key KEY] [--max-body-bytes N] [--max-tokens N] [--max-concurrent N]\n"
     "                   [--request-timeout S] [--read-timeout S] [--http-threads N]\n"
     "  POST /                       ChatGLM api.py: {prompt, history, max_length, top_p, temperature}\n"
     "  POST /v1/completions         OpenAI completions (\"stream\": true for server-sent events)\n"
     "  POST /v1/chat/completions    OpenAI chat completions (\"stream\": true for server-sent events)\n"
-    "  --tokenizer: llama2.c's tokenizer.bin or a SentencePiece tokenizer.model (stops on its eos). Without it,\n"
-    "  text is byte-encoded (id = 3 + byte).\n"
+    "  --tokenizer: llama2.c's tokenizer.bin or a SentencePiece tokenizer.model. Without it, text is\n"
+    "  byte-encoded (id = 3 + byte).\n"
+    "  --template T           the chat template conversations (api.py history, OpenAI messages) are rendered\n"
+    "                         with, and whose stop tokens end an answer. Default: from the model: chatglm ->\n"
+    "                         chatglm3 if the tokenizer's folder declares <|observation|>, else chatglm2; llama\n"
+    "                         with a tokenizer.model -> llama2; otherwise none (plain text, stops on eos)\n"
     "  --api-key KEY          requests need 'Authorization: Bearer KEY' (401 otherwise; GET /health is open)\n"
     "  --max-body-bytes N     larger request bodies are refused with 413 before they are read (8 MiB)\n"
     "  --max-tokens N         most new tokens one request may ask for (4096)\n"
@@ -52,6 +58,7 @@ int main(int argc, char** argv) {
   ec.scheduler.max_num_seqs = 64;
   llama::server_options opt;
   bool threads_given = false;
+  std::string template_flag;
   using examples::cli::number;
   auto on = [&](const std::string& a, const auto& next) {
     if (model.parse(a, next, ec)) return true;
@@ -59,6 +66,7 @@ int main(int argc, char** argv) {
     else if (a == "--port") port = in_range<int>(a, next(), 1, 65535);
     else if (a == "--max-seqs") ec.scheduler.max_num_seqs = number<int>(a, next());
     else if (a == "--model-name") opt.model_name = next();
+    else if (a == "--template") template_flag = next();
     else if (a == "--api-key") opt.api_key = next();
     else if (a == "--max-body-bytes") opt.max_body_bytes = in_range<std::size_t>(a, next(), 1, 1ll << 40);
     else if (a == "--max-tokens") opt.max_tokens_limit = in_range<std::int32_t>(a, next(), 1, INT32_MAX);
@@ -71,6 +79,7 @@ int main(int argc, char** argv) {
   };
   const auto check = [&] {
     model.validate();
+    if (!template_flag.empty()) (void)llama::parse_template_flag(template_flag);
     if (!threads_given) opt.http.threads = std::max(opt.http.threads, 2 * opt.max_in_flight);
     LOOM_CHECK(opt.http.threads > opt.max_in_flight, "flag --http-threads (", opt.http.threads,
                ") must exceed --max-concurrent (", opt.max_in_flight, "): threads must be left to read and refuse requests");
@@ -81,19 +90,25 @@ int main(int argc, char** argv) {
     rc.dim = 64, rc.hidden_dim = 172, rc.n_layers = 2, rc.n_heads = 4, rc.n_kv_heads = 4, rc.seq_len = 256;
     rc.vocab = 259;  // byte-level ids for --random (untied: a random tied classifier only repeats its input)
     const llama::flat_weights w = model.load(rc);
+    const llama::chat_setup chat = llama::choose_chat_template(template_flag, w.cfg.model_type, model.tokenizer, model.checkpoint);
     std::optional<loom::data::any_tokenizer> tok;
-    if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, "none", w.cfg.vocab));
+    if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, chat.specials, w.cfg.vocab));
+    const llama::text_codec codec = tok ? llama::text_codec(&*tok, chat.templ) : llama::text_codec();
     // Signals go to the main thread only, which waits for them and stops the server.
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
-    llama::llama_server server(w, ec, tok ? llama::text_codec(&*tok) : llama::text_codec(), opt);
+    llama::llama_server server(w, ec, codec, opt);
     const int p = server.start(host, port);
     std::printf("llama-serve: listening on http://%s:%d (model dim=%d layers=%d vocab=%d, KV pool %d blocks of %d)\n",
                 host.c_str(), p, static_cast<int>(w.cfg.dim), static_cast<int>(w.cfg.n_layers), static_cast<int>(w.cfg.vocab),
                 ec.num_blocks, ec.block_size);
+    std::printf("llama-serve: chat template %s (%s); answers stop on token ids", llama::template_name(chat.templ).c_str(),
+                chat.why.c_str());
+    for (const auto id : codec.stop_tokens()) std::printf(" %d", static_cast<int>(id));
+    std::printf("\n");
     std::fflush(stdout);
     int sig = 0;
     sigwait(&set, &sig);

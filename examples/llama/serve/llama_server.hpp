@@ -3,7 +3,12 @@
 //
 // Protocols (request.hpp reads the bodies):
 //  - ChatGLM's api.py: POST / {"prompt", "history", "max_length", "top_p", "temperature"}
-//    -> {"response", "history", "status", "time"}.
+//    -> {"response", "history", "status", "time"}; history is the request's plus [prompt, response].
+// Conversations (api.py's history, OpenAI's messages) become ids through the model's chat
+// template (text_codec: chatglm2, chatglm3, llama2, or none); generation stops on the
+// template's stop ids (eos; ChatGLM3's <|user|>, <|observation|>), which the answer leaves
+// out; a chat answer is what the model's chat() returns (answer_text: ChatGLM3's empty
+// metadata line dropped, ChatGLM2/3's answer stripped).
 //  - OpenAI-compatible POST /v1/completions and /v1/chat/completions, with "stream": true as
 //    server-sent events ending in "data: [DONE]"; GET /v1/models; GET /health.
 // Threads: HTTP handlers run on the connection pool of http_guard.hpp; they only validate,
@@ -264,7 +269,7 @@ class llama_server {
     j.req.prompt = std::move(p.prompt);
     j.req.max_new_tokens = p.max_new;
     j.req.sampling = p.sampling;
-    if (!p.ignore_eos) j.req.stop_tokens = {codec_.eos()};
+    j.req.stop_tokens = codec_.stop_tokens(p.ignore_eos);
     j.ch = ch;
     {
       std::lock_guard lk(mu_);
@@ -318,7 +323,7 @@ class llama_server {
     std::string s;
     to = std::min(to, toks.size());
     for (std::size_t i = from; i < to; ++i) {
-      if (toks[i] == codec_.eos()) continue;
+      if (codec_.is_stop(toks[i])) continue;  // the stop token is not part of the answer
       s += codec_.decode(i == 0 ? ch.last_prompt_token : toks[i - 1], toks[i]);
     }
     return s;
@@ -496,7 +501,7 @@ class llama_server {
     std::uint64_t id;
     auto ch = submit(std::move(p), id);
     auto [toks, why] = wait_all(*ch, id, deadline);
-    const std::string response = detok(*ch, toks);
+    const std::string response = answer_text::of(detok(*ch, toks), codec_.chat_template());
     history.push_back({prompt, response});
     ++served_;
     res.set_content(dump({{"response", response}, {"history", history}, {"status", 200}, {"time", now_string()}}),
@@ -515,7 +520,7 @@ class llama_server {
     auto reason = [](loom::kv::finish_reason r) { return r == loom::kv::finish_reason::stop ? "stop" : "length"; };
     if (!stream) {
       auto [toks, why] = wait_all(*ch, id, deadline);
-      const std::string out = detok(*ch, toks);
+      const std::string out = chat ? answer_text::of(detok(*ch, toks), codec_.chat_template()) : detok(*ch, toks);
       nlohmann::json choice = {{"index", 0}, {"finish_reason", reason(why)}};
       if (chat)
         choice["message"] = {{"role", "assistant"}, {"content", out}};
@@ -539,6 +544,8 @@ class llama_server {
     auto sent = std::make_shared<std::size_t>(0);
     auto pending = std::make_shared<std::string>();
     auto ended = std::make_shared<bool>(false);
+    // a chat answer as the model's chat() gives it (answer_text); completions as generated
+    auto answer = std::make_shared<answer_text>(chat ? codec_.chat_template() : std::nullopt);
     auto chunk = [=, this](const std::string& delta, const char* finish, bool first) {
       nlohmann::json choice = {{"index", 0}, {"finish_reason", finish ? nlohmann::json(finish) : nlohmann::json(nullptr)}};
       if (chat) {
@@ -572,8 +579,9 @@ class llama_server {
           }
           std::string out;
           const bool first = *sent == 0;
-          *pending += detok(*ch, toks, *sent, toks.size());
+          *pending += answer->push(detok(*ch, toks, *sent, toks.size()));
           *sent = toks.size();
+          if (fin != loom::kv::finish_reason::none) *pending += answer->finish();
           // Send whole UTF-8 characters only: a character split over two tokens goes out whole.
           const std::size_t cut = fin != loom::kv::finish_reason::none ? pending->size() : utf8_complete_prefix(*pending);
           if (cut > 0 || (first && !toks.empty())) {
