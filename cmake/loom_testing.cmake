@@ -113,7 +113,9 @@ function(loom_add_test_group binary)
   foreach(name source IN ZIP_LISTS names sources)
     get_filename_component(file ${source} NAME)
     add_test(NAME ${name} COMMAND ${binary} --source-file=*/${file})
-    set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} ENVIRONMENT "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1")
+    # a filter that selects nothing (a renamed file) must fail, not pass with 0 test cases
+    set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} ENVIRONMENT "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1"
+                                            FAIL_REGULAR_EXPRESSION "test cases: +0 \\|")
     if(T_LABELS)
       set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
     endif()

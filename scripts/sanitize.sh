@@ -41,14 +41,17 @@ case "$mode" in
     ;;
   tsan)
     dir=build-tsan
-    tests=(core_thread_pool_test comm_thread_comm_test comm_mesh_test sched_all_gather_test sched_reduce_scatter_test
-           kv_scheduler_test zero_engine_test pipeline_executor_test comm_fault_thread_test
-           llama_serve_test llama_serve_limits_test llama_serve_load_test)
+    # the targets to build, and the CTest tests to run (the server's four tests are one
+    # binary, llama_serve_tests: tests/examples/llama/serve)
+    targets=(core_thread_pool_test comm_thread_comm_test comm_mesh_test sched_all_gather_test sched_reduce_scatter_test
+             kv_scheduler_test zero_engine_test pipeline_executor_test comm_fault_thread_test llama_serve_tests)
     cmake -S . -B "$dir" "${common[@]}" -DLOOM_SANITIZE=thread -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_ENABLE_MPI=OFF >/dev/null
     # the server's tests exist only where cpp-httplib and BLAS were found
     known=$(cmake --build "$dir" --target help)
-    tests=($(for t in "${tests[@]}"; do grep -qw -- "$t" <<<"$known" && echo "$t"; done))
-    cmake --build "$dir" -j "$jobs" --target "${tests[@]}"
+    targets=($(for t in "${targets[@]}"; do grep -qw -- "$t" <<<"$known" && echo "$t"; done))
+    cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+    tests=("${targets[@]/llama_serve_tests/llama_serve_test llama_serve_limits_test llama_serve_load_test llama_serve_chat_test}")
+    tests=(${tests[@]})
     # scripts/tsan.supp: the uninstrumented cpp-httplib library's own accesses (why, in the file)
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp}
     # comm_thread_comm_test's sweep (every op x type x size on 1..8 ranks, 50 s unsanitized)
