@@ -11,11 +11,11 @@
 //               dense_h_to_4h are the decoder's fused wqkv and w13 as they are (the same rows
 //               [Q | K | V] and [gate | up]), rotary on the first half of each head in
 //               interleaved pairs; ChatGLM-6B v1 is refused, naming what the decoder lacks;
-// and the tokenizer that comes with llama2.c models. `hf_folder` opens an HF folder for range
-// reads (headers only, then any slice of any tensor), which the mesh trainer's
-// llama3d::init_from_hf uses so that each rank reads only what it owns. `load_checkpoint` picks the format from
+// and the tokenizer that comes with llama2.c models. `load_checkpoint` picks the format from
 // the path: a folder or *.safetensors file is HF, anything else llama2.c. `export_hf` writes
-// a trained model back as an HF folder of its model_type.
+// a trained model back as an HF folder of its model_type. `hf_folder` opens an HF folder for
+// range reads (headers first, then any slice of any tensor): the mesh trainer's
+// llama3d::init_from_hf reads through it only what each rank owns.
 
 #include <llama/model/config.hpp>
 #include <llama/model3d/llama3d.hpp>
@@ -29,8 +29,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <span>
