@@ -14,6 +14,7 @@
 //    transcription, loom's logits (1e-4).
 //  - bad folders: a config disagreeing with the trainer's, an unknown model_type, a missing
 //    shard, a missing tensor, a misshapen tensor, each named with its file.
+#include "hf_write.hpp"
 #include "train3d_suite.hpp"
 
 #include <llama/generate/llama_loader.hpp>
@@ -281,6 +282,33 @@ TEST_CASE("fine-tuning from a ChatGLM3 folder on chat records: every mesh equals
   const std::string cmd = std::string(LOOM_TORCH_PYTHON) + " " + LOOM_INIT_HF_REFERENCE + " logits " + out + " " +
                           r.path("tokens.json") + " " + r.path("loom_logits.safetensors");
   CHECK(std::system(cmd.c_str()) == 0);
+}
+
+TEST_CASE("init_from_hf: a tied LLaMA (no lm_head) on two pipeline stages fills both copies of the embedding") {
+  const auto& r = reference::get();
+  auto cfg = llama::config_from_hf(r.path("llama"));
+  cfg.tied_output = true;
+  const auto w = llama::flat_weights::random(cfg, 21);
+  write_hf_llama(r.path("tied"), w);
+  CHECK(llama::config_from_hf(r.path("tied")).tied_output);
+  const auto o = options({1, 1, 1}, 0, "1f1b", 4);
+  llama::model<double, double> one(cfg);
+  std::copy(w.params.begin(), w.params.end(), one.params().begin());
+  std::vector<std::int32_t> tok(static_cast<std::size_t>(o.micro_batch_size * o.seq)), tgt(tok.size());
+  double want = 0;
+  for (int g = 0; g < 4; ++g) {
+    batch_of(cfg, o, 0, g, tok, tgt);
+    want += one.forward(loom::make_view(static_cast<const std::int32_t*>(tok.data()), o.micro_batch_size, o.seq),
+                        loom::make_view(static_cast<const std::int32_t*>(tgt.data()), o.micro_batch_size, o.seq)) / 4;
+  }
+  for (auto [mesh, zero] : {std::pair{loom::comm::mesh_shape{1, 1, 2}, 0}, std::pair{loom::comm::mesh_shape{2, 1, 2}, 3}}) {
+    CAPTURE(mesh.dp);
+    CAPTURE(zero);
+    const auto got = init_on<float>(mesh, zero, cfg, r.path("tied"));
+    REQUIRE(got.master.size() == w.params.size());
+    CHECK(std::equal(got.master.begin(), got.master.end(), w.params.begin()));
+    CHECK(std::abs(got.loss - want) <= 1e-5 * want);  // the last stage's copy is the embedding too
+  }
 }
 
 TEST_CASE("init_from_hf refuses bad folders, naming the file and the key or tensor") {

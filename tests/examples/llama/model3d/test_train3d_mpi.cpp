@@ -3,11 +3,11 @@
 // checkpoints and init_from_hf with one process per rank.
 #include "checkpoint_suite.hpp"
 
-#include <llama/generate/llama_loader.hpp>
+#include "hf_write.hpp"
+
 #include <llama/train3d/init_hf.hpp>
 
 #include <filesystem>
-#include <fstream>
 
 #include <loom/comm/mpi_comm.hpp>
 
@@ -90,24 +90,7 @@ TEST_CASE("init_from_hf on MPI ranks: each process reads its slices of an HF LLa
   cfg.rope = loom::ops::rope_style::half_split;  // HF's rows as they are (test_init_hf covers the permutation)
   const auto w = llama::flat_weights::random(cfg, 99);
   const std::string dir = "train3d_mpi_init_hf_np" + std::to_string(n);
-  if (world.rank() == 0) {  // an HF folder of w: HF's names, one F32 file, config.json
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    loom::io::tensor_map t;
-    for (const auto& e : w.layout.entries()) {
-      auto& nt = t[llama::detail::hf_name(e.name)];
-      nt.shape.assign(e.shape.begin(), e.shape.end());
-      nt.data = loom::buffer<float>(e.numel);
-      std::copy_n(w.params.begin() + static_cast<std::ptrdiff_t>(e.offset), e.numel, nt.data.begin());
-    }
-    loom::io::write_safetensors(dir + "/model.safetensors", t);
-    std::ofstream(dir + "/config.json") << nlohmann::json{{"model_type", "llama"}, {"hidden_size", cfg.dim},
-                                                          {"intermediate_size", cfg.hidden_dim}, {"num_hidden_layers", cfg.n_layers},
-                                                          {"num_attention_heads", cfg.n_heads}, {"num_key_value_heads", cfg.n_kv_heads},
-                                                          {"vocab_size", cfg.vocab}, {"rms_norm_eps", cfg.norm_eps},
-                                                          {"tie_word_embeddings", false}}
-                                               .dump();
-  }
+  if (world.rank() == 0) write_hf_llama(dir, w);
   world.barrier();
   llama3d::trainer<double, double, loom::comm::mpi_comm> t(world, cfg, options(mesh, 3, "1f1b", 2), loom::default_resource<loom::host>());
   llama3d::hf_read_stats stats;
