@@ -14,11 +14,12 @@ def to_bf16_bytes(a):  # round to nearest even
 
 
 def write_safetensors(path, tensors, dtype="F32"):
-    """tensors: name -> float32 array, written in insertion order as F32 or BF16."""
+    """tensors: name -> float32 array, written in insertion order as F32, F16 or BF16."""
     header, blobs, off = {}, [], 0
     for name in tensors:  # insertion order; readers must not care
         a = tensors[name]
-        b = to_bf16_bytes(a) if dtype == "BF16" else np.ascontiguousarray(a, dtype="<f4").tobytes()
+        b = (to_bf16_bytes(a) if dtype == "BF16" else np.ascontiguousarray(a, dtype="<f2").tobytes() if dtype == "F16"
+             else np.ascontiguousarray(a, dtype="<f4").tobytes())
         header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)

@@ -13,7 +13,9 @@
 //               interleaved pairs; ChatGLM-6B v1 is refused, naming what the decoder lacks;
 // and the tokenizer that comes with llama2.c models. `load_checkpoint` picks the format from
 // the path: a folder or *.safetensors file is HF, anything else llama2.c. `export_hf` writes
-// a trained model back as an HF folder of its model_type.
+// a trained model back as an HF folder of its model_type. `hf_folder` opens an HF folder for
+// range reads (headers first, then any slice of any tensor): the mesh trainer's
+// llama3d::init_from_hf reads through it only what each rank owns.
 
 #include <llama/model/config.hpp>
 #include <llama/model3d/llama3d.hpp>
@@ -27,9 +29,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace llama {
@@ -133,23 +139,18 @@ struct named_tensors {
   }
 };
 
-/// The tensors of an HF checkpoint: one .safetensors file, or a folder's shards, those its
-/// model.safetensors.index.json lists when it has one (each must exist and hold the tensors
-/// the index places in it), else every *.safetensors in it.
-inline named_tensors read_hf_tensors(const std::filesystem::path& p) {
+/// The shard files of HF folder `p` and the tensors each holds as its
+/// model.safetensors.index.json lists them (each file must exist), or, without an index, every
+/// *.safetensors in it (tensors unlisted: empty).
+inline std::map<std::string, std::vector<std::string>> hf_shard_files(const std::filesystem::path& p) {
   namespace fs = std::filesystem;
-  named_tensors out;
-  if (!fs::is_directory(p)) {
-    out.add(p);
-    return out;
-  }
+  std::map<std::string, std::vector<std::string>> shards;  // file -> its tensors
   const fs::path index = p / "model.safetensors.index.json";
   if (fs::exists(index)) {
     const std::string what = "'" + index.string() + "'";
     const auto j = loom::data::parse_json_input(loom::io::detail::read_file_bytes(index.string()), what);
     LOOM_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), what,
                ": no \"weight_map\" object");
-    std::map<std::string, std::vector<std::string>> shards;  // file -> its tensors
     for (const auto& [name, f] : j["weight_map"].items()) {
       LOOM_CHECK(f.is_string(), what, ": weight_map[\"", name.substr(0, 128), "\"] is not a file name");
       const auto file = f.get<std::string>();
@@ -157,22 +158,33 @@ inline named_tensors read_hf_tensors(const std::filesystem::path& p) {
                  ": weight_map[\"", name.substr(0, 128), "\"] = \"", file.substr(0, 128), "\" is not a file of the folder");
       shards[file].push_back(name);
     }
-    for (const auto& [file, names] : shards) {
+    for (const auto& [file, names] : shards)
       LOOM_CHECK(fs::is_regular_file(p / file), "shard '", (p / file).string(), "' (tensor '", names.front().substr(0, 128),
                  "' in ", what, ") is missing");
-      out.add(p / file);
-      for (const auto& n : names)
-        LOOM_CHECK(out.tensors.contains(n) && out.file[n] == (p / file).string(), what, " places tensor '",
-                   n.substr(0, 128), "' in '", (p / file).string(), "', which does not hold it");
-    }
+    return shards;
+  }
+  for (auto& e : fs::directory_iterator(p))
+    if (e.path().extension() == ".safetensors") shards[e.path().filename().string()];
+  LOOM_CHECK(!shards.empty(), "no .safetensors file in '", p.string(), "'");
+  return shards;
+}
+
+/// The tensors of an HF checkpoint: one .safetensors file, or a folder's shards (hf_shard_files;
+/// each must hold the tensors the index places in it).
+inline named_tensors read_hf_tensors(const std::filesystem::path& p) {
+  namespace fs = std::filesystem;
+  named_tensors out;
+  if (!fs::is_directory(p)) {
+    out.add(p);
     return out;
   }
-  std::vector<fs::path> files;
-  for (auto& e : fs::directory_iterator(p))
-    if (e.path().extension() == ".safetensors") files.push_back(e.path());
-  std::sort(files.begin(), files.end());
-  LOOM_CHECK(!files.empty(), "no .safetensors file in '", p.string(), "'");
-  for (const auto& f : files) out.add(f);
+  for (const auto& [file, names] : hf_shard_files(p)) {
+    out.add(p / file);
+    for (const auto& n : names)
+      LOOM_CHECK(out.tensors.contains(n) && out.file[n] == (p / file).string(), "'",
+                 (p / "model.safetensors.index.json").string(), "' places tensor '", n.substr(0, 128), "' in '",
+                 (p / file).string(), "', which does not hold it");
+  }
   return out;
 }
 
@@ -252,8 +264,8 @@ inline config chatglm_config(const nlohmann::json& j, const std::string& path) {
   return c;
 }
 
-/// The HF family a config.json names: its model_type (llama, chatglm), or, without one, a
-/// ChatGLM architecture, else llama.
+/// The HF family a config.json names: its model_type (llama, chatglm), or, without one, its
+/// architectures (ChatGLM*, Llama*; another is refused), else llama.
 inline std::string hf_family(const nlohmann::json& j, const std::string& path) {
   if (j.contains("model_type")) {
     LOOM_CHECK(j["model_type"].is_string(), "config '", path, "': \"model_type\" must be a string, got ",
@@ -263,9 +275,14 @@ inline std::string hf_family(const nlohmann::json& j, const std::string& path) {
                "\" is not an architecture loom reads (llama, chatglm)");
     return t;
   }
-  if (j.contains("architectures") && j["architectures"].is_array())
-    for (const auto& a : j["architectures"])
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
+    for (const auto& a : j["architectures"]) {
       if (a.is_string() && a.get<std::string>().starts_with("ChatGLM")) return "chatglm";
+      if (a.is_string() && a.get<std::string>().starts_with("Llama")) return "llama";
+    }
+    LOOM_THROW("config '", path, "': architectures ", loom::data::quote_json(j["architectures"]).substr(0, 128),
+               " names no architecture loom reads (Llama*, ChatGLM*) and there is no model_type");
+  }
   return "llama";
 }
 }  // namespace detail
@@ -281,30 +298,120 @@ inline flat_weights load_llama2c(const std::string& path) {
   return detail::from_tensors(c, ck.tensors, nullptr, path);
 }
 
+namespace detail {
+/// config.json of an HF folder (`dir`): the JSON object, and its path for messages.
+inline std::pair<nlohmann::json, std::string> read_hf_config_json(const std::filesystem::path& dir) {
+  const std::string config_path = (dir / "config.json").string();
+  auto j = loom::data::parse_json_input(loom::io::detail::read_file_bytes(config_path), "config '" + config_path + "'");
+  LOOM_CHECK(j.is_object(), "config '", config_path, "': not a JSON object");
+  return {std::move(j), config_path};
+}
+
+/// The decoder's config from config.json `j` (read from `config_path`) of family
+/// hf_family(j): ChatGLM2/3's keys, or HF LLaMA's with half-split rotary (the q/k rows HF
+/// stores are permuted for it) and the output tied when the config says so or the weights
+/// have no lm_head (`has_lm_head`).
+inline config hf_config(const nlohmann::json& j, const std::string& config_path, bool has_lm_head) {
+  if (hf_family(j, config_path) == "chatglm") return chatglm_config(j, config_path);
+  const auto hc = loom::io::read_hf_llama_config(config_path);
+  config c;
+  c.dim = hc.hidden_size, c.hidden_dim = hc.intermediate_size, c.n_layers = hc.num_hidden_layers;
+  c.n_heads = hc.num_attention_heads, c.n_kv_heads = hc.num_key_value_heads, c.vocab = hc.vocab_size;
+  c.seq_len = hc.max_position_embeddings, c.norm_eps = hc.rms_norm_eps, c.rope_theta = hc.rope_theta;
+  c.rope = loom::ops::rope_style::half_split;
+  c.tied_output = hc.tie_word_embeddings || !has_lm_head;
+  return c;
+}
+}  // namespace detail
+
 /// HF LLaMA or ChatGLM2/3 (config.json's model_type): `path` is a folder with config.json and
 /// its safetensors (model.safetensors.index.json's shards, or every *.safetensors), or one
 /// .safetensors file with config.json next to it.
 inline flat_weights load_hf_safetensors(const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path p(path);
-  const fs::path dir = fs::is_directory(p) ? p : p.parent_path();
-  const std::string config_path = (dir / "config.json").string();
-  const auto j = loom::data::parse_json_input(loom::io::detail::read_file_bytes(config_path), "config '" + config_path + "'");
-  LOOM_CHECK(j.is_object(), "config '", config_path, "': not a JSON object");
+  const auto [j, config_path] = detail::read_hf_config_json(fs::is_directory(p) ? p : p.parent_path());
   if (detail::hf_family(j, config_path) == "chatglm") {
     const config c = detail::chatglm_config(j, config_path);  // before the tensors: a v1 model is refused unread
     return detail::from_tensors(c, detail::read_hf_tensors(p), path, detail::chatglm_name);
   }
-  const auto hc = loom::io::read_hf_llama_config(config_path);
   const detail::named_tensors m = detail::read_hf_tensors(p);
-  config c;
-  c.dim = hc.hidden_size, c.hidden_dim = hc.intermediate_size, c.n_layers = hc.num_hidden_layers;
-  c.n_heads = hc.num_attention_heads, c.n_kv_heads = hc.num_key_value_heads, c.vocab = hc.vocab_size;
-  c.seq_len = hc.max_position_embeddings, c.norm_eps = hc.rms_norm_eps, c.rope_theta = hc.rope_theta;
-  c.rope = loom::ops::rope_style::half_split;
-  c.tied_output = hc.tie_word_embeddings || !m.tensors.contains("lm_head.weight");
-  return detail::from_tensors(c, m, path, detail::hf_name);
+  return detail::from_tensors(detail::hf_config(j, config_path, m.tensors.contains("lm_head.weight")), m, path,
+                              detail::hf_name);
 }
+
+/// An HF folder (LLaMA or ChatGLM2/3) opened for range reads: config.json and every shard's
+/// header, no tensor data. Each read touches only the bytes of the elements it asks for, and
+/// is counted (bytes_read), so a caller that reads slices can show that it read no more.
+class hf_folder {
+ public:
+  explicit hf_folder(const std::string& folder) : dir_(folder) {
+    namespace fs = std::filesystem;
+    LOOM_CHECK(fs::is_directory(dir_), "HF folder '", folder, "' is not a directory");
+    auto [j, config_path] = detail::read_hf_config_json(dir_);
+    config_path_ = config_path;
+    family_ = detail::hf_family(j, config_path_);  // an unknown model_type is refused before any shard is opened
+    const bool indexed = fs::exists(dir_ / "model.safetensors.index.json");
+    for (const auto& [file, names] : detail::hf_shard_files(dir_)) {
+      files_.push_back(loom::io::read_safetensors_index((dir_ / file).string()));
+      const auto& ix = files_.back();
+      file_bytes_ += fs::file_size(ix.path);
+      header_bytes_ += ix.data_start;
+      for (const auto& n : names)
+        LOOM_CHECK(ix.tensors.contains(n), "'", (dir_ / "model.safetensors.index.json").string(), "' places tensor '",
+                   n.substr(0, 128), "' in '", ix.path, "', which does not hold it");
+      for (const auto& [n, e] : ix.tensors) {
+        if (indexed && std::find(names.begin(), names.end(), n) == names.end()) continue;  // the index decides
+        LOOM_CHECK(where_.emplace(n, files_.size() - 1).second, "tensor '", n.substr(0, 128), "' is in both '",
+                   files_[where_[n]].path, "' and '", ix.path, "'");
+      }
+    }
+    cfg_ = detail::hf_config(j, config_path_, where_.contains("lm_head.weight"));
+  }
+
+  const config& cfg() const noexcept { return cfg_; }
+  /// llama or chatglm (config.json's model_type).
+  const std::string& family() const noexcept { return family_; }
+  std::string path() const { return dir_.string(); }
+  const std::string& config_path() const noexcept { return config_path_; }
+  /// The folder's name of a tensor of the layout (Meta's name).
+  std::string name_of(const std::string& meta) const {
+    return family_ == "chatglm" ? detail::chatglm_name(meta) : detail::hf_name(meta);
+  }
+  /// HF tensor `name`'s header entry, or nullptr when no shard holds it.
+  const loom::io::safetensors_entry* find(const std::string& name) const {
+    const auto it = where_.find(name);
+    return it == where_.end() ? nullptr : &files_[it->second].tensors.at(name);
+  }
+  /// The file that holds HF tensor `name` (find(name) != nullptr).
+  const std::string& file_of(const std::string& name) const { return files_[where_.at(name)].path; }
+  /// Elements [first, first + out.size()) of HF tensor `name` (row-major), widened to float.
+  void read(const std::string& name, std::uint64_t first, std::span<float> out) const {
+    const auto it = where_.find(name);
+    LOOM_CHECK(it != where_.end(), "HF folder '", dir_.string(), "': no tensor '", name.substr(0, 128), "'");
+    const auto& ix = files_[it->second];
+    loom::io::read_safetensors_range(ix, name, first, out);
+    bytes_read_ += out.size() * loom::io::detail::dtype_size(ix.tensors.at(name).dtype);
+  }
+  /// Tensor data bytes read so far; the headers' bytes (read once each, by the constructor);
+  /// the shard files' sizes.
+  std::uint64_t bytes_read() const noexcept { return bytes_read_; }
+  std::uint64_t header_bytes() const noexcept { return header_bytes_; }
+  std::uint64_t file_bytes() const noexcept { return file_bytes_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::string config_path_, family_;
+  config cfg_;
+  std::vector<loom::io::safetensors_index> files_;
+  std::map<std::string, std::size_t> where_;  // HF name -> files_ index
+  mutable std::uint64_t bytes_read_ = 0;
+  std::uint64_t header_bytes_ = 0, file_bytes_ = 0;
+};
+
+/// The decoder's config that HF folder `folder`'s config.json describes (LLaMA: half-split
+/// rotary, as HF stores q/k; ChatGLM2/3), e.g. to build a trainer for llama3d::init_from_hf.
+inline config config_from_hf(const std::string& folder) { return hf_folder(folder).cfg(); }
 
 inline flat_weights load_checkpoint(const std::string& path) {
   namespace fs = std::filesystem;

@@ -16,7 +16,8 @@
 //
 // Loading reads the manifest and each file's header; each rank then reads only the byte
 // ranges of the pieces that overlap what it owns now (io::read_safetensors_range): never the
-// whole model, whatever mesh saved it.
+// whole model, whatever mesh saved it. `load` takes its state from any `state_source`, so a
+// model folder of another format (an HF folder) is distributed over the ranks the same way.
 //
 // Crash safety: a checkpoint is written into <root>/step-<N>.partial, every file fsynced,
 // then renamed to <root>/step-<N>, and <root>/latest rewritten (a temporary file renamed over
@@ -37,6 +38,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <concepts>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -375,15 +377,26 @@ class reader {
   std::map<std::string, std::vector<located>> where_;
 };
 
-/// Fills every rank's slices of `chunks` (replicas included) from checkpoint `ck`, reading
-/// only the pieces they overlap. The caller has checked the model (reader::check_model).
-template <class E>
-void load(const reader& ck, std::span<const chunk<E>> chunks) {
+/// Where `load` takes the state from: anything that fills elements [first, first +
+/// out.size()) of full tensor `name` (row-major) of state `kind` (0 master, 1 exp_avg, 2
+/// exp_avg_sq), reading no more than those. A saved checkpoint (`reader`) is one; a model
+/// folder of another format is another (llama3d::hf_source: a Hugging Face folder's weights
+/// as the master, zero moments), so both go through the one slice distribution below.
+template <class S>
+concept state_source = requires(const S& s, int kind, const std::string& name, std::size_t first, std::span<float> out) {
+  s.read(kind, name, first, out);
+};
+
+/// Fills every rank's slices of `chunks` (replicas included) from `src` (a checkpoint
+/// `reader`, or any state_source), asking only for the pieces they overlap. The caller has
+/// checked the model (reader::check_model).
+template <state_source S, class E>
+void load(const S& src, std::span<const chunk<E>> chunks) {
   for (const chunk<E>& ch : chunks)
     ch.engine->for_each_state_slice([&](std::size_t lo, std::span<float> m0, std::span<float> m1, std::span<float> m2) {
       const std::span<float> state[3] = {m0, m1, m2};
       detail::for_each_piece(*ch.shards, lo, lo + m0.size(), [&](const detail::piece& need) {
-        for (int k = 0; k < 3; ++k) ck.read(k, need.tensor, need.full, state[k].subspan(need.flat - lo, need.count));
+        for (int k = 0; k < 3; ++k) src.read(k, need.tensor, need.full, state[k].subspan(need.flat - lo, need.count));
       });
     });
 }

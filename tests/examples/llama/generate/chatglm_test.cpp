@@ -20,6 +20,7 @@
 #include <loom/comm/thread_comm.hpp>
 
 #include <support/error_of.hpp>
+#include <support/rel_err.hpp>
 
 #include <unistd.h>
 
@@ -64,12 +65,7 @@ struct reference {
 /// max |a - b| / max |b|
 double rel_err(std::span<const float> a, std::span<const float> b) {
   REQUIRE(a.size() == b.size());
-  double diff = 0, ref = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
-    ref = std::max(ref, std::abs(double(b[i])));
-  }
-  return ref > 0 ? diff / ref : diff;
+  return loom::test::rel_err(a.data(), b.data(), b.size());
 }
 
 /// A copy of the reference's F32 folder to spoil.

@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 #include <llama/model/llama.hpp>
 
+#include <support/rel_err.hpp>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,15 +35,7 @@ std::vector<float> read_floats(const fs::path& p, std::size_t n) {
   REQUIRE(f.gcount() == static_cast<std::streamsize>(n * sizeof(float)));
   return v;
 }
-/// max |a - b| / max |b| over a range
-double rel_err(const float* a, const float* b, std::size_t n) {
-  double diff = 0, ref = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
-    ref = std::max(ref, std::abs(double(b[i])));
-  }
-  return ref > 0 ? diff / ref : diff;
-}
+using loom::test::rel_err;
 
 void check_parity(const llama::config& cfg, index_t batch, index_t seq, bool checkpoint) {
   llama::model<float> m(cfg);

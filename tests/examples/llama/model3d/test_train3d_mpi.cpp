@@ -1,6 +1,11 @@
 // The 3D trainer under mpirun (-np 4: meshes (2,2,1) and (1,2,2); -np 8: (2,2,2)), every
-// ZeRO stage and the three schedules, against the (1,1,1) run computed in each process.
+// ZeRO stage and the three schedules, against the (1,1,1) run computed in each process;
+// checkpoints and init_from_hf with one process per rank.
 #include "checkpoint_suite.hpp"
+
+#include "hf_write.hpp"
+
+#include <llama/train3d/init_hf.hpp>
 
 #include <filesystem>
 
@@ -74,4 +79,30 @@ TEST_CASE("a checkpoint saved by MPI ranks resumes bit for bit on its mesh and s
   }
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(root);
+}
+
+TEST_CASE("init_from_hf on MPI ranks: each process reads its slices of an HF LLaMA folder, the master equals the folder") {
+  loom::comm::mpi_comm world = loom::comm::mpi_comm::world();
+  const int n = world.size();
+  const loom::comm::mesh_shape mesh = n == 8 ? loom::comm::mesh_shape{2, 2, 2} : loom::comm::mesh_shape{2, 2, 1};
+  REQUIRE(mesh.size() == n);
+  auto cfg = tiny(false);
+  cfg.rope = loom::ops::rope_style::half_split;  // HF's rows as they are (test_init_hf covers the permutation)
+  const auto w = llama::flat_weights::random(cfg, 99);
+  const std::string dir = "train3d_mpi_init_hf_np" + std::to_string(n);
+  if (world.rank() == 0) write_hf_llama(dir, w);
+  world.barrier();
+  llama3d::trainer<double, double, loom::comm::mpi_comm> t(world, cfg, options(mesh, 3, "1f1b", 2), loom::default_resource<loom::host>());
+  llama3d::hf_read_stats stats;
+  llama3d::init_from_hf(t, dir, stats);
+  std::size_t owned = 0;
+  for (int c = 0; c < t.chunks(); ++c)
+    t.engine(c).for_each_state_slice([&](std::size_t, std::span<float> m, std::span<float>, std::span<float>) { owned += m.size(); });
+  CHECK(stats.data_bytes <= 4 * owned);
+  CHECK(stats.data_bytes < (stats.file_bytes - stats.header_bytes) / 2);
+  const auto master = t.consolidated_master();
+  REQUIRE(master.size() == w.params.size());
+  CHECK(std::equal(master.begin(), master.end(), w.params.begin()));
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
 }

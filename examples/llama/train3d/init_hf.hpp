@@ -1,0 +1,175 @@
+#pragma once
+// Pretrained weights into the mesh trainer: llama3d::init_from_hf(trainer, folder) fills every
+// rank's parameters and ZeRO fp32 master from a Hugging Face folder (LLaMA or ChatGLM2/3),
+// at any mesh and ZeRO stage, reading on each rank only the bytes of the slices it owns.
+//
+// Why through loom::checkpoint::load: a sharded checkpoint already distributes a model's
+// state over the ranks' owned slices (for_each_state_slice, cut into row pieces of the full
+// tensors, replicas included). An HF folder is one more source of that state (`hf_source`):
+// it answers read(kind, name, first, out) in the model's (Meta's) names from byte ranges of
+// the safetensors shards (llama::hf_folder), the master from the weights and zero Adam
+// moments, so there is no second slice distribution to keep in step with the first.
+//
+// The mapping (the same as llama_loader.hpp's and export_hf's, read in the other direction):
+//   LLaMA:   HF names (llama::detail::hf_name). HF stores q_proj/k_proj rows permuted for its
+//            half-split rotary; a trainer whose config rotates adjacent pairs (rope
+//            interleaved, Meta's convention) reads meta row h*hd + 2i + p from HF row
+//            h*hd + p*hd/2 + i (HF's converter's permutation, inverted); a half-split trainer
+//            (config_from_hf's) reads the rows as they are.
+//   ChatGLM: ChatGLM names (llama::detail::chatglm_name); query_key_value (+ bias) is the
+//            fused wqkv with rows [Q | K | V], dense_h_to_4h the fused w13 [gate | up], as
+//            they are (tensor parallelism cuts Q, K, V and gate, up separately).
+// Refused with a loom::error naming the file and the key or tensor: config.json disagreeing
+// with the trainer's config (the key and both values), an unknown model_type, a missing
+// shard, a missing tensor, a tensor whose shape disagrees with config.json.
+
+#include "checkpoint.hpp"
+#include "train3d.hpp"
+
+#include <llama/generate/llama_loader.hpp>
+
+#include <loom/checkpoint/sharded.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace llama3d {
+
+/// What init_from_hf read on this rank.
+struct hf_read_stats {
+  std::uint64_t data_bytes = 0;    ///< tensor bytes read (range reads of the owned slices)
+  std::uint64_t header_bytes = 0;  ///< the shards' headers, read once each
+  std::uint64_t file_bytes = 0;    ///< the shard files' total size
+};
+
+/// Refuses (naming config.json, the key and both values) an HF folder whose config.json
+/// describes another model than `mine`, the trainer's. The sequence length is not compared:
+/// it shapes no weight, and a fine-tuning run may use a shorter one.
+inline void check_hf_config(const llama::hf_folder& f, const llama::config& mine) {
+  const llama::config& file = f.cfg();
+  const bool glm = f.family() == "chatglm";
+  const std::string what = "config '" + f.config_path() + "'";
+  LOOM_CHECK(file.model_type == mine.model_type, what, ": model_type is \"", file.model_type, "\", the trainer's model is \"",
+             mine.model_type, "\"");
+  struct key {
+    const char* name;  // config.json's
+    double in_file, in_trainer;
+  };
+  const key keys[] = {
+      {glm ? "num_layers" : "num_hidden_layers", double(file.n_layers), double(mine.n_layers)},
+      {"hidden_size", double(file.dim), double(mine.dim)},
+      {glm ? "ffn_hidden_size" : "intermediate_size", double(file.hidden_dim), double(mine.hidden_dim)},
+      {"num_attention_heads", double(file.n_heads), double(mine.n_heads)},
+      {glm ? "multi_query_group_num" : "num_key_value_heads", double(file.n_kv_heads), double(mine.n_kv_heads)},
+      {glm ? "padded_vocab_size" : "vocab_size", double(file.vocab), double(mine.vocab)},
+      {glm ? "layernorm_epsilon" : "rms_norm_eps", file.norm_eps, mine.norm_eps},
+      {glm ? "rope_ratio" : "rope_theta", glm ? file.rope_theta / 1e4 : file.rope_theta, glm ? mine.rope_theta / 1e4 : mine.rope_theta},
+      {"tie_word_embeddings", double(file.tied_output), double(mine.tied_output)},
+      {"add_qkv_bias", double(file.qkv_bias), double(mine.qkv_bias)},
+  };
+  for (const key& k : keys)  // reals relatively (LLaMA's eps is read as float), integers exactly
+    LOOM_CHECK(std::abs(k.in_file - k.in_trainer) <= 1e-6 * std::abs(k.in_trainer), what, ": \"", k.name, "\" is ", k.in_file,
+               ", the trainer's model has ", k.in_trainer);
+  LOOM_CHECK(file.fused_qkv == mine.fused_qkv && file.fused_gate_up == mine.fused_gate_up &&
+                 file.partial_rotary_factor == mine.partial_rotary_factor,
+             what, ": a ", f.family(), " model has fused_qkv=", file.fused_qkv, ", fused_gate_up=", file.fused_gate_up,
+             ", partial_rotary_factor=", file.partial_rotary_factor, "; the trainer's has ", mine.fused_qkv, ", ",
+             mine.fused_gate_up, ", ", mine.partial_rotary_factor);
+  LOOM_CHECK(!glm || mine.rope == loom::ops::rope_style::interleaved, what,
+             ": ChatGLM rotates interleaved pairs; the trainer's config rotates half-split");
+}
+
+/// An HF folder as a loom::checkpoint::state_source in the model's names: the master from
+/// the weights (the mapping in the file comment), the Adam moments zero. The constructor
+/// checks every tensor of the model against the shards' headers (present, config.json's shape).
+class hf_source {
+ public:
+  hf_source(const llama::hf_folder& f, const llama::config& c) : f_(&f), head_dim_(static_cast<std::size_t>(c.head_dim())) {
+    const auto layout = full_layout(c);
+    for (const auto& e : layout.entries()) {
+      const std::string hf = f.name_of(e.name);
+      const auto* t = f.find(hf);
+      LOOM_CHECK(t, "tensor '", hf, "' is missing from HF folder '", f.path(), "' (no shard holds it)");
+      if (!std::equal(t->shape.begin(), t->shape.end(), e.shape.begin(), e.shape.end()))
+        LOOM_THROW("tensor '", hf, "' in '", f.file_of(hf), "' has shape ", nlohmann::json(t->shape).dump(), ", config.json ('",
+                   f.config_path(), "') gives ", nlohmann::json(e.shape).dump());
+      cols_[e.name] = e.shape.size() == 2 ? static_cast<std::size_t>(e.shape[1]) : 1;
+    }
+    // LLaMA's q/k rows are stored for half-split rotary (see the file comment)
+    if (f.family() == "llama" && c.rope == loom::ops::rope_style::interleaved)
+      for (index_t l = 0; l < c.n_layers; ++l)
+        for (const char* w : {".attention.wq.weight", ".attention.wk.weight"}) permuted_.insert("layers." + std::to_string(l) + w);
+  }
+
+  /// Elements [first, first + out.size()) of tensor `name` (the model's name) of state `kind`.
+  void read(int kind, const std::string& name, std::size_t first, std::span<float> out) const {
+    if (kind != 0) {  // Adam starts from zero moments
+      std::fill(out.begin(), out.end(), 0.f);
+      return;
+    }
+    const std::string hf = f_->name_of(name);
+    if (!permuted_.contains(name)) {
+      f_->read(hf, first, out);
+      return;
+    }
+    const std::size_t cols = cols_.at(name), hd = head_dim_;
+    for (std::size_t at = first, end = first + out.size(); at < end;) {  // row by row
+      const std::size_t row = at / cols, col = at % cols, n = std::min(cols - col, end - at);
+      const std::size_t j = row % hd, from = row - j + (j % 2) * (hd / 2) + j / 2;
+      f_->read(hf, from * cols + col, out.subspan(at - first, n));
+      at += n;
+    }
+  }
+
+ private:
+  const llama::hf_folder* f_;
+  std::size_t head_dim_;
+  std::map<std::string, std::size_t> cols_;
+  std::set<std::string> permuted_;
+};
+
+/// init_from_hf, and what this rank read.
+template <class P, class T, class C>
+void init_from_hf(trainer<P, T, C>& t, const std::string& folder, hf_read_stats& stats) {
+  // Every rank opens the folder and checks it (the same files: the same verdict on every
+  // rank, before any collective); a read that fails on some ranks only is agreed on below.
+  const llama::hf_folder f(folder);
+  check_hf_config(f, t.model().cfg());
+  const hf_source src(f, t.model().cfg());
+  std::exception_ptr failed;
+  try {
+    const auto chunks = detail::checkpoint_chunks(t);
+    loom::checkpoint::load(src, std::span(std::as_const(chunks)));
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  double failures = failed ? 1.0 : 0.0;
+  auto& world = t.mesh().world();
+  world.all_reduce(std::span<const double>(&failures, 1), std::span<double>(&failures, 1), loom::comm::reduce_op::sum);
+  if (failed) std::rethrow_exception(failed);
+  LOOM_CHECK(failures == 0, "llama3d::init_from_hf: reading '", folder, "' failed on ", failures, " other rank(s)");
+  t.restore(0);  // the parameters from the master (stage 0 gathers it first), step 0
+  stats = {f.bytes_read(), f.header_bytes(), f.file_bytes()};
+}
+
+/// Fills the trainer's parameters and each ZeRO engine's fp32 master from the Hugging Face
+/// folder `folder` (config.json + safetensors: one file, or shards listed by
+/// model.safetensors.index.json; F32, F16 or BF16), the Adam moments zero and the step 0.
+/// Collective over the world; any mesh and ZeRO stage. Each rank reads only the byte ranges
+/// of the slices it owns. The trainer's config must describe the folder's model
+/// (llama::config_from_hf gives it).
+template <class P, class T, class C>
+void init_from_hf(trainer<P, T, C>& t, const std::string& folder) {
+  hf_read_stats stats;
+  init_from_hf(t, folder, stats);
+}
+
+}  // namespace llama3d
