@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <span>
@@ -70,7 +71,15 @@ class sentencepiece_tokenizer {
     LOOM_CHECK(static_cast<std::uint64_t>(st.st_size) <= o.max_file_bytes, "sentencepiece_tokenizer: path='", path, "' has ",
                st.st_size, " bytes, more than max_file_bytes=", o.max_file_bytes, " (sentencepiece_options::max_file_bytes)");
     auto sp = std::make_shared<sentencepiece::SentencePieceProcessor>();
-    const auto status = sp->Load(path);
+    sentencepiece::util::Status status;
+    // Load() reports most broken models by status, but some by throwing: an empty piece makes
+    // its trie builder (Darts) throw its own exception, which must become a loom::error naming
+    // the file, as every other refusal does.
+    try {
+      status = sp->Load(path);
+    } catch (const std::exception& e) {
+      LOOM_THROW("sentencepiece_tokenizer: path='", path, "' is not a SentencePiece model: ", std::string(e.what()).substr(0, 200));
+    }
     // The library's message may quote the file; a bounded prefix says enough.
     LOOM_CHECK(status.ok(), "sentencepiece_tokenizer: path='", path, "' is not a SentencePiece model: ",
                status.ToString().substr(0, 200));
