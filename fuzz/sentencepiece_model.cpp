@@ -3,7 +3,8 @@
 // bos / eos required, the appended specials), then encodes a short text, decodes the ids whole
 // and one at a time, and looks up the special tokens.
 //
-// What this reaches: loom's code around the library. Debian's libsentencepiece (and the
+// What this reaches: loom's code around the library (and its own check of the charsmaps the
+// library trusts, data/sentencepiece_model_check.hpp). Debian's libsentencepiece (and the
 // protobuf-lite it parses with) is not built with the fuzzer's instrumentation, so libFuzzer
 // gets no coverage from inside it and cannot steer mutations through the model's parser, the
 // normalizer or the lattice; ASan still catches loom's misuse of what the library returns
