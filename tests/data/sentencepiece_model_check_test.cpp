@@ -105,6 +105,7 @@ TEST_CASE("bytes that are no protobuf are refused") {
 
 #include <filesystem>
 #include <fstream>
+#include <unistd.h>
 
 namespace {
 // A ModelProto's pieces (score 0; type 1 normal, 2 unknown, 3 control): with nothing else, the
@@ -117,8 +118,11 @@ std::string pieces(const std::vector<std::pair<std::string, int>>& list) {
 }
 const std::vector<std::pair<std::string, int>> base{{"<unk>", 2}, {"<s>", 3}, {"</s>", 3}, {"\xe2\x96\x81", 1}, {"a", 1}, {"b", 1}};
 
+// per process: other checkouts' test runs may share the machine's temp folder
+const std::filesystem::path dir =
+    std::filesystem::temp_directory_path() / ("loom_sentencepiece_model_check_test." + std::to_string(::getpid()));
+
 std::string write_model(const std::string& name, const std::string& bytes) {
-  const auto dir = std::filesystem::temp_directory_path() / "loom_sentencepiece_model_check_test";
   std::filesystem::create_directories(dir);
   const std::string path = (dir / name).string();
   std::ofstream(path, std::ios::binary) << bytes;
@@ -150,5 +154,6 @@ TEST_CASE("sentencepiece_tokenizer: a model the library accepts loads; one it wo
   CHECK(e.find("nul_piece.model' is not a SentencePiece model") != std::string::npos);
   CHECK(e.find("zero-length key") != std::string::npos);  // the library's own reason
   CHECK(e.size() < 600);
+  std::filesystem::remove_all(dir);
 }
 #endif
