@@ -21,11 +21,7 @@ namespace {
 
 // The scratch checkpoint: rank files written once per process, manifest.json per input.
 const std::string& checkpoint_dir() {
-  static const std::string& dir = *[] {  // never destroyed, as scratch_path()
-    auto* dp = new std::string(loom_fuzz::scratch_path() + ".ckpt");
-    const std::string& d = *dp;
-    std::filesystem::create_directories(d);
-    std::atexit([] { std::filesystem::remove_all(checkpoint_dir()); });
+  return loom_fuzz::scratch_dir(".ckpt", [](const std::string& d) {
     auto piece = [](std::vector<std::int64_t> shape, float first) {
       loom::io::named_tensor t;
       const std::size_t n = static_cast<std::size_t>(shape[0]);
@@ -43,9 +39,7 @@ const std::string& checkpoint_dir() {
     }
     loom::io::write_safetensors(d + "/" + loom::checkpoint::detail::rank_file(0), r0);
     loom::io::write_safetensors(d + "/" + loom::checkpoint::detail::rank_file(1), r1);
-    return dp;
-  }();
-  return dir;
+  });
 }
 
 }  // namespace

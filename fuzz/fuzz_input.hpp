@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <unistd.h>
 
@@ -28,6 +29,24 @@ inline const std::string& scratch_path() {
     return p;
   }();
   return path;
+}
+
+/// A scratch folder next to the scratch file (its path + `suffix`) for readers that take a
+/// folder: made once per process, `fill(dir)` writes the fixed files the input is read with,
+/// removed at exit. Never destroyed, as scratch_path().
+template <class Fill>
+const std::string& scratch_dir(const char* suffix, Fill fill) {
+  static const std::string& dir = *[&] {
+    auto* d = new std::string(scratch_path() + suffix);
+    std::filesystem::create_directories(*d);
+    fill(*d);
+    std::atexit([] {  // registered once `dir` is about to be bound (fill did not throw)
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    });
+    return d;
+  }();
+  return dir;
 }
 
 /// Writes the input to `path` (a file of the harness's own).

@@ -15,21 +15,33 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
 shift || true
-all=(llama2c_checkpoint llama2c_tokenizer safetensors hf_config ds_config token_shard chat_jsonl serve_request
-     checkpoint_manifest)
+all=(llama2c_checkpoint llama2c_tokenizer safetensors hf_config hf_index ds_config token_shard chat_jsonl chat_template
+     serve_request checkpoint_manifest sentencepiece_model)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
 
 # Largest input per format: room for a few tensors / tokens / records past the seeds, small
 # enough that each execution stays fast (the readers' cost grows with the input).
 declare -A max_len=([llama2c_checkpoint]=4096 [llama2c_tokenizer]=8192 [safetensors]=4096 [hf_config]=2048
-                    [ds_config]=4096 [token_shard]=1024 [chat_jsonl]=4096 [serve_request]=4096
-                    [checkpoint_manifest]=4096)
+                    [hf_index]=2048 [ds_config]=4096 [token_shard]=1024 [chat_jsonl]=4096 [chat_template]=4096
+                    [serve_request]=4096 [checkpoint_manifest]=4096 [sentencepiece_model]=8192)
 
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (scripts/install-deps.sh installs it)" >&2; exit 1; }
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DLOOM_FUZZ=ON \
   -DLOOM_BUILD_TESTS=OFF -DLOOM_BUILD_BENCHMARKS=OFF -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_HEADER_TESTS=OFF \
   -DLOOM_ENABLE_CUDA=OFF -DLOOM_ENABLE_MPI=OFF -DLOOM_ENABLE_BLAS=OFF >/dev/null
+for t in "${targets[@]}"; do
+  [[ -n "${max_len[$t]:-}" ]] || { echo "fuzz.sh: unknown target '$t' (${all[*]})" >&2; exit 2; }
+done
+# A target whose optional dependency this machine lacks (sentencepiece_model: libsentencepiece-dev;
+# the JSON readers: nlohmann-json) is not configured: skipped, saying so
+read -r -a built <build-fuzz/fuzz/targets.txt
+kept=()
+for t in "${targets[@]}"; do
+  if [[ " ${built[*]//;/ } " == *" $t "* ]]; then kept+=("$t"); else echo "fuzz.sh: skipping $t: not configured here (fuzz/CMakeLists.txt)"; fi
+done
+targets=("${kept[@]}")
+((${#targets[@]})) || { echo "fuzz.sh: no target to run" >&2; exit 2; }
 cmake --build build-fuzz --target "${targets[@]/#/fuzz_}"
 
 mkdir -p build-fuzz/artifacts build-fuzz/logs
@@ -37,7 +49,6 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1}
 failed=()
 summary=()
 for t in "${targets[@]}"; do
-  [[ -n "${max_len[$t]:-}" ]] || { echo "fuzz.sh: unknown target '$t' (${all[*]})" >&2; exit 2; }
   mkdir -p "build-fuzz/corpus/$t"
   args=(-max_total_time="$seconds" -max_len="${max_len[$t]}" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
         -artifact_prefix="build-fuzz/artifacts/$t-")

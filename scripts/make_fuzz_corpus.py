@@ -198,14 +198,190 @@ put("checkpoint_manifest", "bad_format_type.json", '{"format": {"dp": 2, "ts_lef
 put("checkpoint_manifest", "bad_scaler.json", json.dumps(dict(ckpt, loss_scaler={"kind": 7, "scale": 0, "hysteresis_left": 0})))
 put("checkpoint_manifest", "bad_deep.json", '{"format": "loom-sharded-checkpoint-1", "tensors": ' + "[" * 100 + "]" * 100 + "}")
 
+# ---- HF ChatGLM2/3 config.json (hf_config also runs the loader's family and ChatGLM reader)
+glm = {"architectures": ["ChatGLMModel"], "model_type": "chatglm", "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 96,
+       "num_attention_heads": 4, "multi_query_attention": True, "multi_query_group_num": 2, "kv_channels": 16,
+       "padded_vocab_size": 300, "seq_length": 128, "layernorm_epsilon": 1e-5, "rmsnorm": True, "post_layer_norm": True,
+       "add_bias_linear": False, "add_qkv_bias": True, "apply_residual_connection_post_layernorm": False,
+       "original_rope": True, "rope_ratio": 1, "tie_word_embeddings": False, "torch_dtype": "float16"}
+put("hf_config", "chatglm3.json", json.dumps(glm, indent=2))
+put("hf_config", "chatglm2_arch_only.json", json.dumps({k: v for k, v in glm.items() if k not in ("model_type", "multi_query_attention",
+                                                                                                   "seq_length", "rope_ratio")}))
+put("hf_config", "bad_chatglm_v1.json", json.dumps(dict(glm, position_encoding_2d=True, inner_hidden_size=96)))
+put("hf_config", "bad_chatglm_kv.json", json.dumps(dict(glm, kv_channels=8, multi_query_group_num=3)))
+put("hf_config", "bad_chatglm_bias.json", json.dumps(dict(glm, add_bias_linear=True, rmsnorm="yes")))
+put("hf_config", "bad_chatglm_head.json", json.dumps(dict(glm, hidden_size=24, kv_channels=6, num_attention_heads=4)))
+put("hf_config", "bad_model_type.json", json.dumps(dict(glm, model_type="gpt2")))
+
+# ---- model.safetensors.index.json (fuzz/hf_index.cpp writes the folder: shard 1 holds "a" and "b",
+# shard 2 holds "c"; config.json and sub/ are not shards)
+s1, s2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+def index(weight_map, **extra):
+    return json.dumps(dict({"metadata": {"total_size": 44}, "weight_map": weight_map}, **extra), indent=2)
+put("hf_index", "two_shards.json", index({"a": s1, "b": s1, "c": s2}))
+put("hf_index", "one_shard.json", index({"b": s1}))
+put("hf_index", "bad_traversal.json", index({"a": "../" + s1, "c": "/etc/passwd"}))
+put("hf_index", "bad_missing.json", index({"a": s1, "d": "model-00003-of-00003.safetensors"}))
+put("hf_index", "bad_wrong_shard.json", index({"a": s2, "c": s2}))
+put("hf_index", "bad_not_shard.json", index({"a": "config.json", "c": s2}))
+put("hf_index", "bad_folder.json", index({"a": s1, "b": "sub"}))
+put("hf_index", "bad_dot.json", index({"a": ".."}))
+put("hf_index", "bad_no_map.json", json.dumps({"metadata": {}, "weight_map": [s1]}))
+put("hf_index", "bad_type.json", index({"a": 7, "b": None}))
+put("hf_index", "bad_deep.json", '{"weight_map": ' + "[" * 100 + "]" * 100 + "}")
+
+# ---- chat templates: 4 bytes of settings (fuzz/chat_template.cpp: [0] template 0-3 | 4 system |
+# 8 tokenizer with ChatGLM3's specials, [1] max_source_length, [2] max_target_length, [3] 1: no
+# history column), then chat JSONL
+def chat(name, kind, src, tgt, lines, system=False, specials=False, no_history=False):
+    head = bytes([kind | (4 if system else 0) | (8 if specials else 0), src, tgt, 1 if no_history else 0])
+    put("chat_template", name, head + "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines).encode())
+turns = [{"prompt": "and 3?", "response": "9", "history": [["2?", "4"], ["4?", "16"]]},
+         {"prompt": "你好", "response": "你好！有什么可以帮你？", "history": None}]
+chat("chatglm2.jsonl", 0, 64, 64, turns)
+chat("chatglm2_specials_cut.jsonl", 0, 16, 4, turns, specials=True)
+chat("chatglm3_system.jsonl", 1, 96, 32, turns, system=True, specials=True)
+chat("llama2_system.jsonl", 2, 128, 16, [{"prompt": "  q \n", "response": " r\t", "history": [[" a ", " b "]]}], system=True)
+chat("llama2_tight.jsonl", 2, 1, 1, turns, no_history=True)
+chat("bad_chatglm3_bytes.jsonl", 1, 32, 32, turns)
+chat("bad_chatglm2_system.jsonl", 0, 32, 32, turns, system=True)
+chat("bad_template_name.jsonl", 3, 32, 32, turns)
+chat("bad_zero_length.jsonl", 2, 0, 8, turns)
+chat("bad_records.jsonl", 0, 8, 8, [{"prompt": "x"}, {"prompt": "a", "response": "b", "history": [["only one"]]}, [1]])
+
+# ---- SentencePiece tokenizer.model files: small models of each kind from spm_train (skipped
+# where it is missing), and broken ones edited from them at the protobuf level
+import shutil
+import subprocess
+import tempfile
+def pb_varint(b, i):
+    v = s_ = 0
+    while True:
+        c = b[i]; i += 1
+        v |= (c & 0x7F) << s_; s_ += 7
+        if c < 0x80:
+            return v, i
+def pb_put_varint(v):
+    out = b""
+    while True:
+        c = v & 0x7F; v >>= 7
+        if v:
+            out += bytes([c | 0x80])
+        else:
+            return out + bytes([c])
+def pb_fields(b):  # [(field, wire type, value)]: value is an int (varint) or bytes
+    out, i = [], 0
+    while i < len(b):
+        key, i = pb_varint(b, i)
+        f, w = key >> 3, key & 7
+        if w == 0:
+            v, i = pb_varint(b, i)
+        elif w == 2:
+            n, i = pb_varint(b, i); v = b[i:i + n]; i += n
+        elif w == 5:
+            v = b[i:i + 4]; i += 4
+        elif w == 1:
+            v = b[i:i + 8]; i += 8
+        else:
+            raise ValueError("wire type %d" % w)
+        out.append((f, w, v))
+    return out
+def pb_join(fields):
+    out = b""
+    for f, w, v in fields:
+        out += pb_put_varint(f << 3 | w)
+        if w == 0:
+            out += pb_put_varint(v)
+        elif w == 2:
+            out += pb_put_varint(len(v)) + v
+        else:
+            out += v
+    return out
+def sp_edit(model, edit):  # edit(pieces: [[piece bytes, score bytes, type]]) on ModelProto field 1
+    top = pb_fields(model)
+    pieces = []
+    for f, w, v in top:
+        if f == 1:
+            d = {pf: pv for pf, _, pv in pb_fields(v)}
+            pieces.append([d.get(1, b""), d.get(2, struct.pack("<f", 0.0)), d.get(3, 1)])
+    edit(pieces)
+    enc = [(1, 2, pb_join([(1, 2, p), (2, 5, sc), (3, 0, t)])) for p, sc, t in pieces]
+    return pb_join(enc + [x for x in top if x[0] != 1])
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+spm = shutil.which("spm_train")
+if spm:
+    tmp = tempfile.mkdtemp()
+    words = "the quick brown fox jumps over lazy dog hello world sop eop 你好 世界 模型 2024".split()
+    r = __import__("random").Random(1)
+    with open(os.path.join(tmp, "c.txt"), "w") as f:
+        for _ in range(300):
+            f.write(" ".join(r.choice(words) for _ in range(8)) + "\n")
+    with open(os.path.join(tmp, "rule.tsv"), "w") as f:
+        f.write("FF21\t41\nFF41\t61\n3000\t20\n")  # fullwidth A, a and space: a small normalizer charsmap
+    def train(name, *args):  # relative paths: the model records its trainer's arguments
+        subprocess.run([spm, "--input=c.txt", "--model_prefix=" + name, "--num_threads=1", "--character_coverage=1.0",
+                        "--minloglevel=2", *args], check=True, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(os.path.join(tmp, name + ".model"), "rb") as f:
+            return f.read()
+    uni = train("uni", "--vocab_size=40", "--model_type=unigram", "--normalization_rule_name=identity")
+    bpe = train("bpe", "--vocab_size=300", "--model_type=bpe", "--byte_fallback=true", "--split_digits=true",
+                "--normalization_rule_name=identity", "--remove_extra_whitespaces=false")
+    char = train("char", "--vocab_size=30", "--model_type=char", "--normalization_rule_name=identity",
+                 "--user_defined_symbols=sop,eop", "--pad_id=3")
+    norm = train("norm", "--vocab_size=40", "--model_type=unigram", "--normalization_rule_tsv=rule.tsv")
+    nobos = train("nobos", "--vocab_size=17", "--model_type=word", "--normalization_rule_name=identity", "--bos_id=-1")
+    shutil.rmtree(tmp)
+    put("sentencepiece_model", "unigram.model", uni)
+    put("sentencepiece_model", "bpe_bytes.model", bpe)
+    put("sentencepiece_model", "char_user_defined.model", char)
+    put("sentencepiece_model", "unigram_charsmap.model", norm)
+    def control_sop(p):  # "sop" a control piece of the model as well as an appended special
+        p[5][0], p[5][2] = b"sop", CONTROL
+    put("sentencepiece_model", "control_sop.model", sp_edit(uni, control_sop))
+    def unused(p):
+        p[6][2] = UNUSED
+    put("sentencepiece_model", "unused_piece.model", sp_edit(char, unused))
+    put("sentencepiece_model", "bad_no_bos.model", nobos)
+    put("sentencepiece_model", "bad_truncated.model", uni[:len(uni) // 2])
+    put("sentencepiece_model", "bad_empty.model", b"")
+    put("sentencepiece_model", "bad_text.model", "<unk>\t0\n<s>\t0\n</s>\t0\n")
+    def byte_without_fallback(p):
+        p[10][2] = BYTE
+    put("sentencepiece_model", "bad_byte_type.model", sp_edit(uni, byte_without_fallback))
+    def bad_byte_name(p):  # a byte piece whose name is no <0xXX>
+        p[3][0] = b"<0xZ>"
+    put("sentencepiece_model", "bad_byte_name.model", sp_edit(bpe, bad_byte_name))
+    def duplicate(p):
+        p[8][0] = p[9][0]
+    put("sentencepiece_model", "bad_duplicate.model", sp_edit(uni, duplicate))
+    def nul_piece(p):  # a finding: Load() threw Darts' exception (its trie reads pieces as C strings: an empty key)
+        p[7][0] = b"\0o"
+    put("sentencepiece_model", "bad_nul_piece.model", sp_edit(uni, nul_piece))
+    def charsmap_past(model):  # a finding: the root's children block past the trie (SEGV in Normalizer::NormalizePrefix)
+        top = pb_fields(model)
+        def edit(spec):
+            return pb_join([(f, w, v[:4] + struct.pack("<I", 4096 << 10) + v[8:] if f == 2 else v) for f, w, v in pb_fields(spec)])
+        return pb_join([(f, w, edit(v) if f == 3 else v) for f, w, v in top])
+    put("sentencepiece_model", "bad_charsmap_root.model", charsmap_past(norm))
+    # bad_charsmap_finding.model is the fuzzer's own input (a few bytes inserted in norm's charsmap),
+    # committed as found: it crashed the unchecked load, where this edit only reads garbage
+    def unknown_type(p):  # protobuf-lite keeps an unknown enum value aside: the piece stays NORMAL
+        p[12][2] = 99
+    put("sentencepiece_model", "unknown_piece_type.model", sp_edit(uni, unknown_type))
+else:
+    print("spm_train not found (apt-get install sentencepiece): the sentencepiece_model seeds are not rewritten", file=sys.stderr)
+
 # ---- libFuzzer dictionaries (fuzz/dict/<target>.dict): JSON syntax and the key names each
 # reader looks for, taken from the reader's source so a new key reaches the fuzzer
 import re
 json_tokens = ["{", "}", "[", "]", ":", ",", '""', "true", "false", "null", "\\\\u0000", "1e308", "-1", "0.5", "\\\"auto\\\""]
-def dictionary(target, header, extra=()):  # header: under include/loom/, or under examples/
+def dictionary(target, headers, extra=()):  # headers: one or a list, under include/loom/ or examples/
     top = os.path.join(root, "..", "..")
-    with open(os.path.join(top, header) if header.startswith("examples/") else os.path.join(top, "include", "loom", header)) as f:
-        keys = sorted(set(re.findall(r'"([A-Za-z][A-Za-z0-9_]*)"', f.read())) | set(extra))
+    keys = set(extra)
+    for header in [headers] if isinstance(headers, str) else headers:
+        with open(os.path.join(top, header) if header.startswith("examples/") else os.path.join(top, "include", "loom", header)) as f:
+            keys |= set(re.findall(r'"([A-Za-z][A-Za-z0-9_]*)"', f.read()))
+    keys = sorted(keys)
     d = os.path.join(root, "..", "dict")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, target + ".dict"), "w") as f:
@@ -214,9 +390,12 @@ def dictionary(target, header, extra=()):  # header: under include/loom/, or und
         for k in keys:
             f.write('"\\"%s\\""\n' % k)
 dictionary("ds_config", "io/ds_config.hpp")
-dictionary("hf_config", "io/safetensors.hpp")
+dictionary("hf_config", ["io/safetensors.hpp", "examples/llama/generate/llama_loader.hpp"], ["ChatGLMModel", "LlamaForCausalLM"])
+dictionary("hf_index", "examples/llama/generate/llama_loader.hpp", ["weight_map", "metadata", "total_size", "a", "b", "c", s1, s2,
+                                                                      "config.json", "sub", "..", "../", "/"])
 dictionary("safetensors", "io/safetensors.hpp", ["__metadata__", "data_offsets"])
 dictionary("chat_jsonl", "data/chat_jsonl.hpp", ["prompt", "response", "history"])
+dictionary("chat_template", "data/chat_jsonl.hpp", ["prompt", "response", "history"])
 dictionary("serve_request", "examples/llama/serve/request.hpp", ["user", "assistant", "system", "model"])
 dictionary("checkpoint_manifest", "checkpoint/sharded.hpp", ["a", "b", "c", "dp", "tp", "pp", "dynamic", "static",
                                                                             "loom-sharded-checkpoint-1"])

@@ -20,10 +20,12 @@
 // " ⁇ ". A run starts at the sequence's start and after every control or appended special
 // token, as ChatGLM3 decodes the text between special tokens separately.
 //
-// The file comes from outside: its size is bounded before the library reads it, and errors
-// name the file.
+// The file comes from outside: its size is bounded before it is read, the normalizers'
+// character maps the library trusts are checked before the library sees them
+// (sentencepiece_model_check.hpp), and errors name the file.
 
 #include <loom/core/error.hpp>
+#include <loom/data/sentencepiece_model_check.hpp>
 #include <loom/data/tokenizer.hpp>
 
 #include <sentencepiece_processor.h>
@@ -31,6 +33,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <span>
@@ -69,8 +73,25 @@ class sentencepiece_tokenizer {
     LOOM_CHECK(S_ISREG(st.st_mode), "sentencepiece_tokenizer: path='", path, "' is not a regular file");
     LOOM_CHECK(static_cast<std::uint64_t>(st.st_size) <= o.max_file_bytes, "sentencepiece_tokenizer: path='", path, "' has ",
                st.st_size, " bytes, more than max_file_bytes=", o.max_file_bytes, " (sentencepiece_options::max_file_bytes)");
+    // Read here, checked where the library trusts the file (sentencepiece_model_check.hpp), then
+    // handed to the library: the bytes checked are the bytes loaded.
+    std::string bytes(static_cast<std::size_t>(st.st_size), '\0');
+    {
+      std::ifstream f(path, std::ios::binary);
+      LOOM_CHECK(f.read(bytes.data(), static_cast<std::streamsize>(bytes.size())) && f.gcount() == st.st_size,
+                 "sentencepiece_tokenizer: cannot read the ", st.st_size, " bytes of path='", path, "'");
+    }
+    detail::check_sentencepiece_model(bytes, "sentencepiece_tokenizer: path='" + path + "' is not a SentencePiece model");
     auto sp = std::make_shared<sentencepiece::SentencePieceProcessor>();
-    const auto status = sp->Load(path);
+    sentencepiece::util::Status status;
+    // The library reports most broken models by status, but some by throwing: a piece that
+    // starts with NUL makes its trie builder (Darts) throw its own exception, which must become
+    // a loom::error naming the file, as every other refusal does.
+    try {
+      status = sp->LoadFromSerializedProto(bytes);
+    } catch (const std::exception& e) {
+      LOOM_THROW("sentencepiece_tokenizer: path='", path, "' is not a SentencePiece model: ", std::string(e.what()).substr(0, 200));
+    }
     // The library's message may quote the file; a bounded prefix says enough.
     LOOM_CHECK(status.ok(), "sentencepiece_tokenizer: path='", path, "' is not a SentencePiece model: ",
                status.ToString().substr(0, 200));
