@@ -28,7 +28,7 @@ const char* usage =
     "                   [--data a.bin,b.bin | chat.jsonl | counting] [--tokenizer bytes|x.model|tokenizer.bin]\n"
     "                   [--template chatglm2|chatglm3|llama2]\n"
     "                   [--eval-every N [--eval-data FILES] [--eval-batches K]]\n"
-    "                   [--save DIR [--save-every N] [--keep-last K] [--export-hf OUT]] [--resume DIR]\n"
+    "                   [--init-from HF_FOLDER] [--save DIR [--save-every N] [--keep-last K] [--export-hf OUT]] [--resume DIR]\n"
     "  Ranks: dp x tp x pp threads (--ranks N: --dp N), or the processes of `mpirun -np dp*tp*pp`.\n"
     "  A config's ZeRO stage, batch (micro batch x accumulation), precision (fp16: its loss scaler), optimizer,\n"
     "  scheduler and clipping win over the flags; its \"auto\" values take them. bf16 / fp16 store parameters in that\n"
@@ -38,7 +38,8 @@ const char* usage =
     "  default: the generated example corpus. --eval-every: held-out loss and perplexity every N steps.\n"
     "  --save: sharded checkpoints DIR/step-<N> and DIR/latest (--keep-last: only the newest K); a checkpoint resumes\n"
     "  on any mesh and ZeRO stage (--resume DIR: its latest, or DIR/step-<N>); --export-hf: after the last save, the\n"
-    "  model as a Hugging Face folder (config.json, safetensors shards, index).\n";
+    "  model as a Hugging Face folder (config.json, safetensors shards, index). --init-from: start from a Hugging Face\n"
+    "  LLaMA or ChatGLM2/3 folder (its config.json gives the model's shape; each rank reads only its slices).\n";
 
 using examples::cli::bad_args;
 using examples::cli::number;
@@ -83,6 +84,7 @@ llama_train::options parse(int argc, char** argv, bool& help) {
     else if (a == "--keep-last") o.keep_last = at_least<int>(a, value(), 1);
     else if (a == "--export-hf") o.export_hf = value();
     else if (a == "--resume") o.resume = value();
+    else if (a == "--init-from") o.init_from = value();
     else if (a == "--precision") o.precision = examples::cli::precision(a, value());
     else if (a == "--seed") o.seed = number<std::uint64_t>(a, value());
     else if (a == "--arch") {

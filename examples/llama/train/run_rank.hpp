@@ -13,6 +13,7 @@
 #include <common/fault_inject.hpp>
 #include <llama/generate/llama_loader.hpp>
 #include <llama/train3d/checkpoint.hpp>
+#include <llama/train3d/init_hf.hpp>
 #include <tokenizer_file.hpp>
 
 #include <loom/comm/communicator.hpp>
@@ -22,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,6 +79,24 @@ class batch_source {
   std::optional<loom::data::batch_loader> loader_;
   loom::data::token_batch batch_;
 };
+
+/// The tokenizer goes with an exported model, as HF tooling expects it beside the weights: the
+/// --init-from folder's tokenizer files (tokenizer.model, tokenizer_config.json,
+/// tokenization_*.py, special_tokens_map.json), else --tokenizer's .model file.
+inline void copy_tokenizer(const options& o, const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  const auto copy = [&](const fs::path& from, const std::string& name) {
+    fs::copy_file(from, fs::path(out_dir) / name, fs::copy_options::overwrite_existing);
+  };
+  if (!o.init_from.empty()) {
+    for (const auto& e : fs::directory_iterator(o.init_from)) {
+      const std::string name = e.path().filename().string();
+      if (e.is_regular_file() && (name.starts_with("tokeniz") || name == "special_tokens_map.json")) copy(e.path(), name);
+    }
+  } else if (o.tokenizer.ends_with(".model")) {
+    copy(o.tokenizer, "tokenizer.model");
+  }
+}
 
 template <class C>
 double max_over_ranks(C& comm, double x) {
@@ -155,6 +175,10 @@ train_result run_rank(C& comm, const options& o, const loom::io::ds_config& c, s
 
   train_result res;
   res.parameter_count = static_cast<std::int64_t>(llama3d::full_layout(o.model).parameter_count());
+  if (!o.init_from.empty() && o.resume.empty()) {  // a resumed run continues its checkpoint instead
+    llama3d::init_from_hf(t, o.init_from);
+    if (log) *log << "initialised from the Hugging Face folder " << o.init_from << "\n";
+  }
   if (!o.resume.empty()) {
     llama3d::load_checkpoint(t, o.resume);
     if (log) *log << "resumed from " << loom::checkpoint::resolve(o.resume) << " at step " << t.steps() << "\n";
@@ -203,6 +227,7 @@ train_result run_rank(C& comm, const options& o, const loom::io::ds_config& c, s
   if (!o.save.empty()) save();
   if (!o.export_hf.empty() && rank == 0) {  // streamed from the checkpoint just written, one tensor at a time
     const int files = llama::export_hf(res.checkpoint, o.export_hf, o.model);
+    copy_tokenizer(o, o.export_hf);
     if (log)
       *log << "exported " << res.checkpoint << " as the HF folder " << o.export_hf << " (" << files << " safetensors file"
            << (files == 1 ? "" : "s") << ")" << std::endl;

@@ -3,6 +3,7 @@
 #include "instantiate.hpp"
 
 #include <common/fail_fast.hpp>
+#include <llama/generate/llama_loader.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/memory.hpp>
 
@@ -86,7 +87,13 @@ train_result run_on(C& comm, const options& o, const loom::io::ds_config& c, std
 
 }  // namespace
 
-train_result run(const options& o, std::ostream* log) {
+train_result run(const options& given, std::ostream* log) {
+  options o = given;
+  if (!o.init_from.empty()) {  // the folder's shape; the training length stays the run's
+    const loom::index_t seq = o.model.seq_len;
+    o.model = llama::config_from_hf(o.init_from);
+    o.model.seq_len = seq;
+  }
   const int world = o.mesh.size();
   LOOM_CHECK(o.mesh.dp >= 1 && o.mesh.tp >= 1 && o.mesh.pp >= 1 && world <= 256, "llama-train: mesh dp=", o.mesh.dp, " tp=", o.mesh.tp,
              " pp=", o.mesh.pp, " must have 1..256 ranks");

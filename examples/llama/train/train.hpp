@@ -40,6 +40,9 @@ struct options {
   std::vector<std::string> eval_data;  ///< held-out files for --eval-every (counting data: held-out batches)
   int eval_every = 0;                  ///< evaluate after every N steps (0: never)
   int eval_batches = 1;                ///< global batches per evaluation
+  /// a Hugging Face LLaMA / ChatGLM2/3 folder to start from: its config.json gives the model's
+  /// shape (model.seq_len stays the training length), each rank reads only its slices
+  std::string init_from;
   std::string save, resume;            ///< sharded checkpoints: DIR/step-<N>, DIR/latest
   int save_every = 0;                  ///< also save every N steps (0: only at the end)
   int keep_last = 0;                   ///< keep the newest K checkpoints (0: all)
