@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -82,7 +83,10 @@ class batch_source {
 
 /// The tokenizer goes with an exported model, as HF tooling expects it beside the weights: the
 /// --init-from folder's tokenizer files (tokenizer.model, tokenizer_config.json,
-/// tokenization_*.py, special_tokens_map.json), else --tokenizer's .model file.
+/// tokenization_*.py, special_tokens_map.json), else --tokenizer's .model file. A folder
+/// without a tokenizer_config.json gets one naming the chat template the model was tuned with
+/// and its special tokens (how ChatGLM3's folder tells itself from ChatGLM2's, which share
+/// model_type and tokenizer.model; llama-serve reads it to choose the template).
 inline void copy_tokenizer(const options& o, const std::string& out_dir) {
   namespace fs = std::filesystem;
   const auto copy = [&](const fs::path& from, const std::string& name) {
@@ -96,6 +100,17 @@ inline void copy_tokenizer(const options& o, const std::string& out_dir) {
   } else if (o.tokenizer.ends_with(".model")) {
     copy(o.tokenizer, "tokenizer.model");
   }
+  const fs::path config = fs::path(out_dir) / "tokenizer_config.json";
+  if (o.chat_template.empty() || fs::exists(config)) return;
+  nlohmann::json j = {{"chat_template_name", o.chat_template}};
+#if LOOM_HAS_SENTENCEPIECE  // ChatGLM's special tokens come with its SentencePiece tokenizer
+  if (o.chat_template == "chatglm2" || o.chat_template == "chatglm3") {
+    j["tokenizer_class"] = "ChatGLMTokenizer";
+    j["additional_special_tokens"] =
+        o.chat_template == "chatglm3" ? loom::data::chatglm3_special_tokens() : loom::data::chatglm2_special_tokens();
+  }
+#endif
+  std::ofstream(config) << j.dump(2) << "\n";
 }
 
 template <class C>
