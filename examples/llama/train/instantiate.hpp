@@ -1,8 +1,7 @@
 #pragma once
 // The run_rank instantiations llama_train_lib holds: LLAMA_TRAIN_RUN_RANK(P) names every
 // communicator a run can take (one rank, thread ranks, MPI processes), so that train.cpp can
-// declare them extern and train_<precision>.cpp define them, one precision per translation
-// unit (they compile in parallel).
+// declare them extern and train_rank.cpp define them.
 
 #include "train.hpp"
 

@@ -26,7 +26,7 @@ const char* usage =
     "                   [--checkpointing] [--precision fp32|bf16|fp16] [--seed S] [--print-every N]\n"
     "                   [--lr LR] [--warmup W] [--weight-decay WD] [--clip C]\n"
     "                   [--data a.bin,b.bin | chat.jsonl | counting] [--tokenizer bytes|x.model|tokenizer.bin]\n"
-    "                   [--template chatglm2|chatglm3|llama2]\n"
+    "                   [--template chatglm2|chatglm3|llama2] [--max-source-length S] [--max-target-length T]\n"
     "                   [--eval-every N [--eval-data FILES] [--eval-batches K]]\n"
     "                   [--init-from HF_FOLDER] [--save DIR [--save-every N] [--keep-last K] [--export-hf OUT]] [--resume DIR]\n"
     "  Ranks: dp x tp x pp threads (--ranks N: --dp N), or the processes of `mpirun -np dp*tp*pp`.\n"
@@ -75,6 +75,8 @@ llama_train::options parse(int argc, char** argv, bool& help) {
     else if (a == "--data") o.data = file_list(a, value());
     else if (a == "--tokenizer") o.tokenizer = value();
     else if (a == "--template") o.chat_template = value();
+    else if (a == "--max-source-length") o.max_source_length = at_least<std::int64_t>(a, value(), 1);
+    else if (a == "--max-target-length") o.max_target_length = at_least<std::int64_t>(a, value(), 1);
     else if (a == "--eval-data") o.eval_data = file_list(a, value());
     else if (a == "--eval-every") o.eval_every = at_least<int>(a, value(), 0);
     else if (a == "--eval-batches") o.eval_batches = at_least<int>(a, value(), 1);

@@ -1,7 +1,7 @@
 #pragma once
 // One rank's whole llama-train run (train.hpp): the mesh trainer with parameters stored as P
 // over communicator C. Included only by the translation units that instantiate it
-// (train_<precision>.cpp), so the trainer is compiled once per build.
+// (train_rank.cpp), so the trainer is compiled once per build.
 //
 // What it adds to llama3d::trainer is the program's side: the ds_config's options, the data
 // (include/loom/data/batches.hpp: micro-batch g of step t is batch t G + g of the whole data
@@ -178,6 +178,7 @@ train_result run_rank(C& comm, const options& o, const loom::io::ds_config& c, s
   std::optional<loom::data::any_tokenizer> tokenizer;
   loom::data::chat_encoding chat;
   if (!o.chat_template.empty()) chat.chat_template.kind = loom::data::parse_chat_template(o.chat_template);
+  chat.max_source_length = static_cast<std::size_t>(o.max_source_length);
   if (!o.tokenizer.empty()) {
     const std::string specials = o.chat_template == "chatglm2" || o.chat_template == "chatglm3" ? o.chat_template : "none";
     tokenizer.emplace(examples::open_tokenizer(o.tokenizer, o.tokenizer.ends_with(".model") ? specials : "none", o.model.vocab));

@@ -1,5 +1,5 @@
 // llama_train_lib: run() chooses the ranks (one, threads, or mpirun's processes) and the
-// parameter type; run_rank's instantiations live in train_<precision>.cpp.
+// parameter type; run_rank's instantiations live in train_rank.cpp.
 #include "instantiate.hpp"
 
 #include <common/fail_fast.hpp>
@@ -94,6 +94,11 @@ train_result run(const options& given, std::ostream* log) {
     o.model = llama::config_from_hf(o.init_from);
     o.model.seq_len = seq;
   }
+  if (o.max_source_length > 0 && o.max_target_length > 0) o.model.seq_len = o.max_source_length + o.max_target_length;
+  else if (o.max_target_length > 0) o.max_source_length = o.model.seq_len - o.max_target_length;
+  LOOM_CHECK(o.max_source_length >= 0 && o.max_source_length < o.model.seq_len, "llama-train: --max-source-length ",
+             o.max_source_length, " (or --max-target-length ", o.max_target_length, ") does not fit rows of --seq-len ",
+             o.model.seq_len);
   const int world = o.mesh.size();
   LOOM_CHECK(o.mesh.dp >= 1 && o.mesh.tp >= 1 && o.mesh.pp >= 1 && world <= 256, "llama-train: mesh dp=", o.mesh.dp, " tp=", o.mesh.tp,
              " pp=", o.mesh.pp, " must have 1..256 ranks");

@@ -4,7 +4,7 @@
 // is the mesh trainer (train3d/train3d.hpp) on thread ranks, or on the processes of mpirun.
 //
 // This header is the program's interface: its options, its results, and run(), which is
-// compiled once (train.cpp and train_<precision>.cpp, the static library llama_train_lib) and
+// compiled once (train.cpp and train_rank.cpp, the static library llama_train_lib) and
 // shared by the CLI (llama_train.cpp), the demo and the tests, so that the trainer's
 // templates are instantiated once per build rather than once per program that trains.
 // docs/training.md lists the flags and the ds_config keys.
@@ -37,6 +37,9 @@ struct options {
   std::vector<std::string> data;
   std::string tokenizer;           ///< chat records: bytes (default), tokenizer.model or tokenizer.bin
   std::string chat_template;       ///< chat records: chatglm2 (default), chatglm3, llama2
+  /// chat records: ChatGLM's max_source_length / max_target_length (ids of the prompt side and
+  /// of the response per row; 0: half the row each). Both given: the row is their sum.
+  std::int64_t max_source_length = 0, max_target_length = 0;
   std::vector<std::string> eval_data;  ///< held-out files for --eval-every (counting data: held-out batches)
   int eval_every = 0;                  ///< evaluate after every N steps (0: never)
   int eval_batches = 1;                ///< global batches per evaluation

@@ -36,10 +36,14 @@ inline bool is_chat_data(const std::vector<std::string>& data) {
 struct chat_encoding {
   const loom::data::any_tokenizer* tokenizer = nullptr;
   loom::data::chat_template_options chat_template = {};
+  /// source (prompt side) ids per row, ChatGLM's max_source_length; the target takes the rest
+  /// of the row (max_target_length = seq - this). 0: half the row.
+  std::size_t max_source_length = 0;
 };
 
 /// Batches of `micro` rows of `seq` tokens for the model's vocabulary. Chat records: tokens of
-/// `chat` (bytes by default), half the sequence for the prompt side, half for the response.
+/// `chat` (bytes by default), chat.max_source_length ids (default half the sequence) for the
+/// prompt side, the rest for the response.
 /// rank / world: this loader reads every world-th batch (a data-parallel rank's stride); 0 / 1
 /// reads them all.
 inline batch_loader make_batch_loader(const std::vector<std::string>& data, loom::index_t vocab, loom::index_t seq,
@@ -49,7 +53,9 @@ inline batch_loader make_batch_loader(const std::vector<std::string>& data, loom
   LOOM_CHECK(seq >= 1 && micro >= 1, "data: seq=", seq, " and micro batch=", micro, " must be >= 1");
   const loom::data::sampler_options so{.batch = std::size_t(micro), .seed = seed, .rank = rank, .world = world};
   if (is_chat_data(data)) {
-    const std::size_t src = std::size_t(seq) / 2;
+    LOOM_CHECK(chat.max_source_length < std::size_t(seq), "data: max_source_length ", chat.max_source_length,
+               " leaves no room for the response in rows of seq=", seq, " ids");
+    const std::size_t src = chat.max_source_length ? chat.max_source_length : std::size_t(seq) / 2;
     const loom::data::chat_encode_options eo{.max_source_length = src, .max_target_length = std::size_t(seq) - src,
                                              .vocab_size = std::uint32_t(vocab), .chat_template = chat.chat_template};
     if (chat.tokenizer) {
