@@ -202,10 +202,30 @@ def logits(folder, tokens_json, loom_logits):
     return 0 if got.shape == want.shape and err <= 1e-4 else 1
 
 
+def folder_tensors(folder):
+    out = {}
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".safetensors"):
+            out.update(read_safetensors(os.path.join(folder, f)))
+    return out
+
+
+def same(a, b):
+    """Every tensor of folder a is in folder b with the same name, shape, dtype and bits."""
+    x, y = folder_tensors(a), folder_tensors(b)
+    bad = [n for n in x if n not in y or x[n].shape != y[n].shape or x[n].dtype != y[n].dtype
+           or x[n].tobytes() != y[n].tobytes()]
+    extra = sorted(set(y) - set(x))
+    print(f"same: {len(x)} tensors, {len(bad)} differ {bad[:4]}, {len(extra)} extra {extra[:4]}")
+    return 0 if x and not bad and not extra else 1
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "make":
         make(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "same":
+        sys.exit(same(sys.argv[2], sys.argv[3]))
     elif len(sys.argv) == 5 and sys.argv[1] == "logits":
         sys.exit(logits(*sys.argv[2:]))
     else:
-        sys.exit(f"usage: {sys.argv[0]} make DIR | logits FOLDER TOKENS_JSON LOOM_LOGITS")
+        sys.exit(f"usage: {sys.argv[0]} make DIR | logits FOLDER TOKENS_JSON LOOM_LOGITS | same FOLDER_A FOLDER_B")
