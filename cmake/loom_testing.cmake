@@ -34,6 +34,16 @@ endif()
 
 set(LOOM_TEST_TIMEOUT 300 CACHE STRING "Default timeout of each test in seconds")
 
+# PyTorch, the oracle of the parity tests: probed once here (Debian's python3-torch is at
+# /usr/bin/python3, not the pyenv python3 on PATH). LOOM_HAS_TORCH gates those tests.
+set(LOOM_TORCH_PYTHON /usr/bin/python3 CACHE FILEPATH "Python with torch for the PyTorch parity tests")
+execute_process(COMMAND ${LOOM_TORCH_PYTHON} -c "import torch, numpy" RESULT_VARIABLE _loom_no_torch OUTPUT_QUIET ERROR_QUIET)
+if(_loom_no_torch EQUAL 0)
+  set(LOOM_HAS_TORCH TRUE)
+else()
+  set(LOOM_HAS_TORCH FALSE)
+endif()
+
 function(loom_add_test name)
   cmake_parse_arguments(T "MPI;GPU" "TIMEOUT" "SOURCES;LIBS;LABELS;NP;ARGS" ${ARGN})
   if(NOT T_TIMEOUT)
