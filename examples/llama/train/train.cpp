@@ -46,6 +46,10 @@ loom::io::ds_config resolve_config(const options& o) {
   LOOM_CHECK(c.zero.offload_param.device == loom::io::offload_device::none ||
                  c.zero.offload_param.device == loom::io::offload_device::cpu,
              "llama-train: zero_optimization.offload_param: only device \"cpu\" (or \"none\") is supported");
+  // parsed and checked by the library (optim/param_groups.hpp), but the trainer does not yet
+  // split its optimizer by group: refusing beats training every parameter at one rate
+  LOOM_CHECK(c.groups.groups.empty() && c.groups.phases.empty(), "llama-train: \"param_groups\" / \"progressive_unfreezing\" in ",
+             o.config_path, " are not applied by this trainer yet; remove them");
   return c;
 }
 

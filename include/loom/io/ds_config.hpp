@@ -43,6 +43,7 @@
 #include <loom/data/json_input.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/lr_schedule.hpp>
+#include <loom/optim/param_groups.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -149,6 +150,9 @@ struct ds_config {
   ds_optimizer optimizer;
   ds_scheduler scheduler;
   ds_activation_checkpointing activation_checkpointing;
+  /// loom's keys "param_groups" and "progressive_unfreezing" (DeepSpeed takes groups from the
+  /// Python model; a C++ program needs them in the config), checked by optim::check
+  optim::param_groups groups;
   std::vector<std::string> warnings;  ///< unknown keys when allow_unknown
   bool resolved = false;
 
@@ -278,6 +282,8 @@ class ds_section {
     get(k, out.value, range...);
   }
   /// A key that may not be "auto" (no rule to resolve it); the plain getters check this.
+  std::vector<std::string>& warnings() const { return warnings_; }
+  bool allow_unknown() const { return allow_unknown_; }
   void no_auto(std::string_view k) const {
     LOOM_CHECK(!is_auto(k), "ds_config: \"", key_path(k), "\" cannot be \"auto\" (loom has no rule to resolve it); give a value");
   }
@@ -331,13 +337,71 @@ inline constexpr double max_rate = 10.0;
 inline constexpr double max_loss_scale = 3.4028234663852886e38;  // FLT_MAX
 }  // namespace detail
 
+namespace detail {
+/// A bounded list of short strings (group names, name patterns): input, so counted and quoted.
+inline std::vector<std::string> string_list(const nlohmann::json& v, const std::string& field) {
+  LOOM_CHECK(v.is_array() && v.size() <= 256, field, " must be an array of at most 256 strings, got ", quote_json(v));
+  std::vector<std::string> out;
+  for (const auto& e : v) {
+    LOOM_CHECK(e.is_string() && e.get_ref<const std::string&>().size() <= 256, field, " must hold strings of at most 256 characters, got ",
+               quote_json(e));
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+/// "param_groups": [{"name", "params": [globs], "layers": [first, last], "lr", "weight_decay"}],
+/// "progressive_unfreezing": [{"until": fraction, "trainable": [group names]}].
+inline void parse_param_groups(const ds_section& top, optim::param_groups& g) {
+  auto objects = [&](std::string_view key, auto&& each) {
+    if (!top.has(key)) return;
+    const auto& a = top.at(key);
+    LOOM_CHECK(a.is_array() && a.size() <= 256, top.field(key), " must be an array of at most 256 objects, got ", quote_json(a));
+    for (std::size_t i = 0; i < a.size(); ++i) each(ds_section(a[i], std::string(key) + "[" + std::to_string(i) + "]", top.warnings(), top.allow_unknown()));
+  };
+  objects("param_groups", [&](const ds_section& s) {
+    s.check_keys({"name", "params", "layers", "lr", "weight_decay"});
+    optim::param_group x;
+    LOOM_CHECK(s.has("name"), s.field("name"), " is required");
+    s.get("name", x.name);
+    if (s.has("params")) x.patterns = string_list(s.at("params"), s.field("params"));
+    if (s.has("layers")) {
+      const auto& l = s.at("layers");
+      LOOM_CHECK(l.is_array() && l.size() == 2, s.field("layers"), " must be [first, last) (null for the end), got ", quote_json(l));
+      constexpr std::int64_t lim = std::numeric_limits<std::int32_t>::max();
+      x.first_layer = l[0].is_null() ? 0 : data::json_integer(l[0], s.field("layers") + "[0]", -lim, lim);
+      if (!l[1].is_null()) x.last_layer = data::json_integer(l[1], s.field("layers") + "[1]", -lim, lim);
+    }
+    if (s.has("lr")) s.get("lr", x.lr.emplace(), 0.0, max_rate);
+    if (s.has("weight_decay")) s.get("weight_decay", x.weight_decay.emplace(), 0.0, max_rate);
+    g.groups.push_back(std::move(x));
+  });
+  objects("progressive_unfreezing", [&](const ds_section& s) {
+    s.check_keys({"until", "trainable"});
+    optim::unfreeze_phase ph;
+    LOOM_CHECK(s.has("until") && s.has("trainable"), "ds_config: ", s.name(), " needs \"until\" and \"trainable\"");
+    ph.until = data::json_real<double>(s.at("until"), s.field("until"), 0.0, 1.0);
+    ph.trainable = string_list(s.at("trainable"), s.field("trainable"));
+    g.phases.push_back(std::move(ph));
+  });
+  if (!g.groups.empty() || !g.phases.empty()) {
+    try {
+      optim::check(g);
+    } catch (const loom::error& e) {
+      throw loom::error(std::string("ds_config: ") + e.what());
+    }
+  }
+}
+}  // namespace detail
+
 /// Parses and checks a config; "auto" values stay marked until resolve_ds_config().
 inline ds_config parse_ds_config(const nlohmann::json& j, const ds_parse_options& po = {}) {
   ds_config c;
   detail::ds_section top(j, "", c.warnings, po.allow_unknown);
   top.check_keys({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
                   "steps_per_print", "wall_clock_breakdown", "communication_data_type", "fp16", "bf16", "bfloat16",
-                  "zero_optimization", "optimizer", "scheduler", "activation_checkpointing"},
+                  "zero_optimization", "optimizer", "scheduler", "activation_checkpointing", "param_groups",
+                  "progressive_unfreezing"},
                  {{"amp", "NVIDIA apex AMP is not available; use \"fp16\" or \"bf16\""},
                   {"fp16_master_weights_and_grads", "loom keeps fp32 master weights and gradients"},
                   {"prescale_gradients", "not implemented (gradients are averaged after the reduction)"},
@@ -532,6 +596,7 @@ inline ds_config parse_ds_config(const nlohmann::json& j, const ds_parse_options
     LOOM_CHECK(!a.contiguous_memory_optimization, "ds_config: unsupported value \"activation_checkpointing.contiguous_memory_optimization\": true "
                "(loom's checkpoints are ordinary buffers from the memory resource); set it to false");
   }
+  detail::parse_param_groups(top, c.groups);
   return c;
 }
 

@@ -352,3 +352,44 @@ TEST_CASE("hostile structure: deep nesting and huge values give short messages n
   CHECK(m.size() < 1000);
   std::remove(path.c_str());
 }
+
+TEST_CASE("param_groups and progressive_unfreezing: the seed's 30/40/30 recipe, and refusals naming the key") {
+  auto c = parse(R"({"train_batch_size": 1,
+    "param_groups": [{"name": "lora", "params": ["*lora_A*", "*lora_B*"], "lr": 3e-4, "weight_decay": 0},
+                     {"name": "top", "layers": [-8, null], "lr": 3e-5},
+                     {"name": "base", "lr": 1e-5}],
+    "progressive_unfreezing": [{"until": 0.3, "trainable": ["lora"]}, {"until": 0.7, "trainable": ["lora", "top"]},
+                               {"until": 1, "trainable": ["lora", "top", "base"]}]})");
+  const auto& g = c.groups;
+  REQUIRE(g.groups.size() == 3);
+  CHECK(g.groups[0].patterns == std::vector<std::string>{"*lora_A*", "*lora_B*"});
+  CHECK(*g.groups[0].lr == doctest::Approx(3e-4));
+  CHECK(*g.groups[0].weight_decay == 0.f);
+  CHECK(*g.groups[1].first_layer == -8);
+  CHECK_FALSE(g.groups[1].last_layer);
+  CHECK_FALSE(g.groups[1].weight_decay);
+  CHECK(g.groups[2].name == "base");
+  REQUIRE(g.phases.size() == 3);
+  CHECK(g.phases[1].until == doctest::Approx(0.7));
+  CHECK(g.phases[2].trainable == std::vector<std::string>{"lora", "top", "base"});
+  // without the keys: no groups, nothing to check
+  CHECK(parse(R"({"train_batch_size": 1})").groups.groups.empty());
+
+  CHECK_THROWS_WITH_AS(parse(R"({"train_batch_size": 1, "param_groups": [{"name": "a", "params": ["x"], "lr": 1e300}]})"),
+                       doctest::Contains("param_groups[0].lr"), loom::error);
+  CHECK_THROWS_WITH_AS(parse(R"({"train_batch_size": 1, "param_groups": [{"name": "a", "parms": ["x"]}]})"),
+                       doctest::Contains("\"param_groups[0].parms\""), loom::error);
+  CHECK_THROWS_WITH_AS(parse(R"({"train_batch_size": 1, "param_groups": [{"params": ["x"]}]})"),
+                       doctest::Contains("param_groups[0].name\" is required"), loom::error);
+  CHECK_THROWS_WITH_AS(parse(R"({"train_batch_size": 1, "param_groups": [{"name": "a", "layers": [1]}]})"),
+                       doctest::Contains("param_groups[0].layers\" must be [first, last)"), loom::error);
+  CHECK_THROWS_WITH_AS(parse(R"({"train_batch_size": 1, "param_groups": [{"name": "a", "params": "x"}]})"),
+                       doctest::Contains("param_groups[0].params\" must be an array"), loom::error);
+  CHECK_THROWS_WITH_AS(parse(R"({"train_batch_size": 1, "progressive_unfreezing": [{"until": 1.5, "trainable": ["base"]}]})"),
+                       doctest::Contains("progressive_unfreezing[0].until"), loom::error);
+  CHECK_THROWS_WITH_AS(parse(R"({"train_batch_size": 1, "progressive_unfreezing": [{"until": 1}]})"),
+                       doctest::Contains("needs \"until\" and \"trainable\""), loom::error);
+  CHECK_THROWS_WITH_AS(parse(R"({"train_batch_size": 1, "param_groups": [{"name": "lora", "params": ["*lora*"]}, {"name": "base", "lr": 1e-5}],
+                                 "progressive_unfreezing": [{"until": 1, "trainable": ["lora"]}]})"),
+                       doctest::Contains("group \"base\" is frozen in every phase but is given lr="), loom::error);
+}
