@@ -24,14 +24,19 @@
 
 namespace loom::quant {
 
-/// Tile of W dequantised at once (per pool part). Columns are rounded down to the weight's
-/// tile_align() (at least one block), and tiles shrink so every pool thread gets one.
+/// Tile of W dequantised at once (per pool part); 0 picks the default, a 1 MiB fp32 tile:
+/// forward 64 rows x 4096 columns (deep along the summed dimension, W's columns); backward,
+/// where the sum runs over W's rows, as many rows as x has (64 to 512) and the columns that
+/// fill the tile: a deep sum when there are many rows to amortise it over, wide calls when few.
+/// Columns are rounded down to the weight's tile_align() (at least one block), and tiles
+/// shrink so every pool thread gets one.
 struct dequant_gemm_options {
-  index_t tile_rows = 64;
-  index_t tile_cols = 4096;
+  index_t tile_rows = 0;
+  index_t tile_cols = 0;
 };
 
 namespace detail {
+inline constexpr index_t default_tile_floats = index_t(1) << 18;  // 1 MiB
 /// One part's fp32 tile: a thread's buffer kept between calls (grown, never shrunk, to the
 /// largest tile it was asked for), so a steady loop allocates nothing.
 inline float* dequant_scratch(index_t floats) {
@@ -49,8 +54,8 @@ inline index_t tile_extent(index_t n, index_t want, index_t align, int parts) {
 }
 template <class W>
 inline void check_tiles(const W& w, const dequant_gemm_options& o, const char* fn) {
-  LOOM_CHECK(o.tile_rows > 0 && o.tile_cols > 0, fn, ": tile_rows=", o.tile_rows, " and tile_cols=", o.tile_cols,
-             " must be positive");
+  LOOM_CHECK(o.tile_rows >= 0 && o.tile_cols >= 0, fn, ": tile_rows=", o.tile_rows, " and tile_cols=", o.tile_cols,
+             " must be positive (or 0: the default)");
   LOOM_CHECK(w.tile_align() > 0 && w.cols() % w.tile_align() == 0, fn, ": the weight's tile_align()=", w.tile_align(),
              " does not divide its cols=", w.cols());
 }
@@ -87,8 +92,9 @@ inline void dequant_gemm_forward(host h, tensor_view<const float, host, 2> x, co
              ", expected [", m, ", ", out, "]");
   detail::check_tiles(w, o, "quant::dequant_gemm_forward");
   if (m == 0) return;
-  const index_t tr = detail::tile_extent(out, o.tile_rows, 1, host_pool().size());
-  const index_t tc = detail::tile_extent(in, o.tile_cols, w.tile_align(), 1);
+  const index_t tr = detail::tile_extent(out, o.tile_rows ? o.tile_rows : 64, 1, host_pool().size());
+  const index_t tc =
+      detail::tile_extent(in, o.tile_cols ? o.tile_cols : detail::default_tile_floats / 64, w.tile_align(), 1);
   detail::for_each_dequantized_tile(w, tr, tc, 0, [&](index_t r0, index_t r1, index_t c0, index_t c1, auto tile) {
     ops::gemm(h, x.slice(1, c0, c1), tile.transpose(0, 1), y.slice(1, r0, r1), 1.0f, c0 == 0 ? beta : 1.0f);
   });
@@ -107,8 +113,10 @@ inline void dequant_gemm_backward(host h, tensor_view<const float, host, 2> dy, 
              ", expected [", m, ", ", in, "]");
   detail::check_tiles(w, o, "quant::dequant_gemm_backward");
   if (m == 0) return;
-  const index_t tr = detail::tile_extent(out, o.tile_rows, 1, 1);
-  const index_t tc = detail::tile_extent(in, o.tile_cols, w.tile_align(), host_pool().size());
+  const index_t deep = std::clamp<index_t>((m + 63) / 64 * 64, 64, 512);
+  const index_t tr = detail::tile_extent(out, o.tile_rows ? o.tile_rows : deep, 1, 1);
+  const index_t tc = detail::tile_extent(in, o.tile_cols ? o.tile_cols : detail::default_tile_floats / deep,
+                                         w.tile_align(), host_pool().size());
   detail::for_each_dequantized_tile(w, tr, tc, 1, [&](index_t r0, index_t r1, index_t c0, index_t c1, auto tile) {
     ops::gemm(h, dy.slice(1, r0, r1), tile, dx.slice(1, c0, c1), 1.0f, r0 == 0 ? beta : 1.0f);
   });
