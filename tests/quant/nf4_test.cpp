@@ -134,6 +134,22 @@ TEST_CASE("nf4_code: each table value is its own code; each threshold splits its
   CHECK(quant::nf4_code(-2.f) == 0);
 }
 
+TEST_CASE("nf4 expansion: every instruction set this CPU runs gives the scalar loop's values") {
+  std::mt19937 gen(99);
+  std::vector<std::uint8_t> q(77);  // not a multiple of any vector width
+  for (auto& b : q) b = static_cast<std::uint8_t>(gen());
+  float lut[16];
+  for (int k = 0; k < 16; ++k) lut[k] = quant::nf4_values[k] * 0.37f;
+  std::vector<float> want(2 * q.size()), got(2 * q.size());
+  quant::detail::nf4_expand_scalar(q.data(), index_t(q.size()), lut, want.data());
+  for (const auto isa : {quant::detail::nf4_isa::avx2, quant::detail::nf4_isa::avx512}) {
+    if (isa > quant::detail::nf4_best_isa()) continue;  // this CPU lacks it
+    std::fill(got.begin(), got.end(), -9.f);
+    quant::detail::nf4_expand(isa, q.data(), index_t(q.size()), lut, got.data());
+    check_same_bits(got, want, isa == quant::detail::nf4_isa::avx2 ? "avx2" : "avx512");
+  }
+}
+
 TEST_CASE("dynamic map: 256 ascending values in [-1, 1], symmetric, each entry its own code") {
   const auto& map = quant::dynamic_map;
   CHECK(map[127] == 0.f);

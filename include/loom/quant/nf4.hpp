@@ -35,6 +35,13 @@
 #include <loom/quant/frozen_weight.hpp>
 #include <span>
 
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
+#include <immintrin.h>
+#define LOOM_NF4_X86 1
+#else
+#define LOOM_NF4_X86 0
+#endif
+
 namespace loom::quant {
 
 /// The 16 NF4 values (QLoRA, Appendix E; bitsandbytes' table), code c -> nf4_values[c].
@@ -204,6 +211,83 @@ constexpr std::size_t nf4_bytes(index_t rows, index_t cols, const nf4_options& o
   return n / 2 + blocks + (blocks + b2 - 1) / b2 * sizeof(float) + sizeof(float);
 }
 
+namespace detail {
+/// Instruction sets of the code-to-value expansion (dequantisation's inner loop).
+enum class nf4_isa { scalar, avx2, avx512 };
+
+/// out[2j] = lut[q[j] >> 4], out[2j + 1] = lut[q[j] & 15] for j < bytes; lut: a block's 16
+/// scaled values. The vector versions look up 8 or 16 codes per instruction (vpermps) and
+/// interleave the high and low nibbles' values; being look-ups, all give the same bits.
+inline void nf4_expand_scalar(const std::uint8_t* q, index_t bytes, const float* lut, float* out) noexcept {
+  for (index_t j = 0; j < bytes; ++j) {
+    out[2 * j] = lut[q[j] >> 4];
+    out[2 * j + 1] = lut[q[j] & 15];
+  }
+}
+#if LOOM_NF4_X86
+// GCC 12 warns inside its own intrinsics (the undefined merge source of the masked builtins)
+// once they are inlined here.
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+__attribute__((target("avx2"))) inline void nf4_expand_avx2(const std::uint8_t* q, index_t bytes, const float* lut,
+                                                            float* out) noexcept {
+  const __m256 lut0 = _mm256_loadu_ps(lut), lut1 = _mm256_loadu_ps(lut + 8);
+  index_t j = 0;
+  for (; j + 8 <= bytes; j += 8) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + j)));
+    const __m256i h = _mm256_srli_epi32(b, 4), l = _mm256_and_si256(b, _mm256_set1_epi32(15));
+    // a code's bit 3 picks the half of the table: shifted to the sign bit for blendv
+    const __m256 hi = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut0, h), _mm256_permutevar8x32_ps(lut1, h),
+                                       _mm256_castsi256_ps(_mm256_slli_epi32(h, 28)));
+    const __m256 lo = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut0, l), _mm256_permutevar8x32_ps(lut1, l),
+                                       _mm256_castsi256_ps(_mm256_slli_epi32(l, 28)));
+    const __m256 a = _mm256_unpacklo_ps(hi, lo), c = _mm256_unpackhi_ps(hi, lo);  // pairs 0,1 | 4,5 and 2,3 | 6,7
+    _mm256_storeu_ps(out + 2 * j, _mm256_permute2f128_ps(a, c, 0x20));
+    _mm256_storeu_ps(out + 2 * j + 8, _mm256_permute2f128_ps(a, c, 0x31));
+  }
+  nf4_expand_scalar(q + j, bytes - j, lut, out + 2 * j);
+}
+__attribute__((target("avx512f"))) inline void nf4_expand_avx512(const std::uint8_t* q, index_t bytes, const float* lut,
+                                                                 float* out) noexcept {
+  const __m512 table = _mm512_loadu_ps(lut);
+  // output element 2k from the high nibbles' vector (index k), 2k + 1 from the low one's (16 + k)
+  const __m512i first = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i second = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  index_t j = 0;
+  for (; j + 16 <= bytes; j += 16) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + j)));
+    const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
+    const __m512 lo = _mm512_permutexvar_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)), table);
+    _mm512_storeu_ps(out + 2 * j, _mm512_permutex2var_ps(hi, first, lo));
+    _mm512_storeu_ps(out + 2 * j + 16, _mm512_permutex2var_ps(hi, second, lo));
+  }
+  nf4_expand_scalar(q + j, bytes - j, lut, out + 2 * j);
+}
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+/// The best expansion this CPU runs.
+inline nf4_isa nf4_best_isa() noexcept {
+#if LOOM_NF4_X86
+  if (__builtin_cpu_supports("avx512f")) return nf4_isa::avx512;
+  if (__builtin_cpu_supports("avx2")) return nf4_isa::avx2;
+#endif
+  return nf4_isa::scalar;
+}
+inline void nf4_expand(nf4_isa isa, const std::uint8_t* q, index_t bytes, const float* lut, float* out) noexcept {
+#if LOOM_NF4_X86
+  if (isa == nf4_isa::avx512) return nf4_expand_avx512(q, bytes, lut, out);
+  if (isa == nf4_isa::avx2) return nf4_expand_avx2(q, bytes, lut, out);
+#endif
+  (void)isa;
+  nf4_expand_scalar(q, bytes, lut, out);
+}
+}  // namespace detail
+
 /// A weight matrix W [rows, cols] in NF4 (a frozen_weight, frozen_weight.hpp). Built from fp32 (made once: "plan, then
 /// run"), read by dequantising block-aligned tiles (dequantize) or reading the stored fields, which are bitsandbytes'
 /// own: codes (QuantState's packed weight), absmax or, with double quantisation, absmax_codes + absmax_offset +
@@ -302,6 +386,7 @@ class nf4_matrix {
                    c1 % bs == 0 && ld >= c1 - c0,
                "quant::nf4_matrix::dequantize: tile rows [", r0, ", ", r1, ") cols [", c0, ", ", c1, ") ld=", ld,
                " is not a block-aligned tile of [", rows_, ", ", cols_, "] with block_size=", bs);
+    static const detail::nf4_isa isa = detail::nf4_best_isa();
     for (index_t r = r0; r < r1; ++r) {
       float* o = out + (r - r0) * ld;
       for (index_t c = c0; c < c1; c += bs, o += bs) {
@@ -310,11 +395,7 @@ class nf4_matrix {
         const float s = block_absmax_of(static_cast<std::size_t>(i / bs));
         float scaled[16];
         for (int k = 0; k < 16; ++k) scaled[k] = nf4_values[static_cast<std::size_t>(k)] * s;
-        const std::uint8_t* q = codes_.data() + i / 2;
-        for (index_t j = 0; j < bs / 2; ++j) {
-          o[2 * j] = scaled[q[j] >> 4];
-          o[2 * j + 1] = scaled[q[j] & 15];
-        }
+        detail::nf4_expand(isa, codes_.data() + i / 2, bs / 2, scaled, o);
       }
     }
   }
