@@ -94,6 +94,43 @@ TEST_CASE("dequant GEMMs equal the naive product over the dequantised matrix, ti
   }
 }
 
+TEST_CASE("dequant GEMMs read and write strided views: x transposed, y and dx inside wider rows") {
+  // e.g. a fused q/k/v output [m, 3 out] written one projection at a time
+  const index_t m = 6, out = 40, in = 128, wide = 3 * out;
+  const auto wf = gemm_test_values(static_cast<std::size_t>(out * in), 11);
+  const quant::nf4_matrix w(loom::make_view(wf.data(), out, in), {.double_quant = true});
+  const auto xt = gemm_test_values(static_cast<std::size_t>(in * m), 12);  // x^T [in, m]
+  const auto x = loom::make_view(xt.data(), in, m).transpose(0, 1);
+  std::vector<float> contiguous(static_cast<std::size_t>(m * in));
+  for (index_t i = 0; i < m; ++i)
+    for (index_t k = 0; k < in; ++k) contiguous[i * in + k] = xt[k * m + i];
+  std::vector<float> y_ref(static_cast<std::size_t>(m * out)), y_wide(static_cast<std::size_t>(m * wide), 7.f);
+  quant::dequant_gemm_forward(loom::host{}, loom::make_view(contiguous.data(), m, in), w,
+                              loom::make_view(y_ref.data(), m, out));
+  const auto y_slice = loom::make_view(y_wide.data(), m, wide).slice(1, out, 2 * out);
+  quant::dequant_gemm_forward(loom::host{}, x, w, y_slice);
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < wide; ++j) {
+      const float got = y_wide[i * wide + j];
+      if (j >= out && j < 2 * out)
+        REQUIRE(got == doctest::Approx(y_ref[i * out + j - out]).epsilon(1e-5));
+      else
+        REQUIRE(got == 7.f);  // untouched outside the slice
+    }
+  std::vector<float> dx_ref(static_cast<std::size_t>(m * in)), dx_wide(static_cast<std::size_t>(m * 2 * in), 5.f);
+  quant::dequant_gemm_backward(loom::host{}, loom::make_view(y_ref.data(), m, out), w,
+                               loom::make_view(dx_ref.data(), m, in));
+  quant::dequant_gemm_backward(loom::host{}, y_slice, w, loom::make_view(dx_wide.data(), m, 2 * in).slice(1, 0, in));
+  for (index_t i = 0; i < m; ++i)
+    for (index_t k = 0; k < 2 * in; ++k) {
+      const float got = dx_wide[i * 2 * in + k];
+      if (k < in)
+        REQUIRE(got == doctest::Approx(dx_ref[i * in + k]).epsilon(1e-5));
+      else
+        REQUIRE(got == 5.f);
+    }
+}
+
 TEST_CASE("bf16_matrix dequantises to the weight rounded to bfloat16") {
   const auto wf = gemm_test_values(5 * 7, 4);
   quant::bf16_matrix b(loom::make_view(wf.data(), 5, 7));
