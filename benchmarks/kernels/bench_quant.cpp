@@ -3,6 +3,8 @@
 // (quant::dequant_gemm_forward / _backward), against ops::gemm over the same W in fp32.
 //
 //   BM_linear/<fp32|nf4|nf4_dq|bf16>/<forward|backward>/m:<rows>/out:<out>/in:<in>
+//   BM_quantize/<nf4|nf4_dq|bf16>/out:<out>/in:<in>: making the stored weight from fp32 (once
+//     per model load).
 //
 // Counters: GFLOP/s (2 flops a multiply-add of the product), weight_bytes (what W occupies in
 // that format) and bytes_per_param. Threads: loom's pool (LOOM_NUM_THREADS, else
@@ -90,7 +92,25 @@ void BM_linear(benchmark::State& state, format f, bool backward, index_t m, inde
   state.counters["bytes_per_param"] = double(bytes) / (double(out) * double(in));
 }
 
+void BM_quantize(benchmark::State& state, format f, index_t out, index_t in) {
+  const auto w = bench_values(static_cast<std::size_t>(out * in), 0.02f);
+  const auto wv = make_view(w.data(), out, in);
+  for (auto _ : state) {
+    if (f == format::bf16)
+      benchmark::DoNotOptimize(quant::bf16_matrix(wv).bytes());
+    else
+      benchmark::DoNotOptimize(quant::nf4_matrix(wv, {.double_quant = f == format::nf4_dq}).bytes());
+  }
+  state.counters["params/s"] =
+      benchmark::Counter(double(out) * double(in), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void register_all() {
+  for (const format f : {format::nf4, format::nf4_dq, format::bf16})
+    benchmark::RegisterBenchmark((std::string("BM_quantize/") + format_name(f) + "/out:4096/in:4096").c_str(),
+                                 BM_quantize, f, index_t(4096), index_t(4096))
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
   for (const index_t m : {16, 512})
     for (const bool backward : {false, true})
       for (const format f : {format::fp32, format::nf4, format::nf4_dq, format::bf16}) {

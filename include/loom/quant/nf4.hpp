@@ -32,6 +32,7 @@
 #include <loom/core/error.hpp>
 #include <loom/core/memory.hpp>
 #include <loom/core/tensor_view.hpp>
+#include <loom/core/thread_pool.hpp>
 #include <loom/quant/frozen_weight.hpp>
 #include <span>
 
@@ -315,20 +316,23 @@ class nf4_matrix {
     const std::size_t blocks = n / bs;
     codes_ = buffer<std::uint8_t>(n / 2, mr);
     buffer<float> absmax(blocks, mr);
-    for (index_t r = 0; r < rows_; ++r) {
-      const float* row = w.data() + r * w.stride(0);
-      for (index_t c = 0; c < cols_; ++c)
-        LOOM_CHECK(std::isfinite(row[c]), "quant::nf4_matrix: w[", r, ", ", c, "]=", row[c], " is not finite");
-      for (index_t c0 = 0; c0 < cols_; c0 += o.block_size) {
-        const std::size_t b = static_cast<std::size_t>(r * cols_ + c0) / bs;
-        absmax[b] = block_absmax({row + c0, bs});
-        const float inv = 1.0f / absmax[b];
-        std::uint8_t* out = codes_.data() + (r * cols_ + c0) / 2;
-        for (index_t j = 0; j < o.block_size / 2; ++j)
-          out[j] =
-              static_cast<std::uint8_t>(nf4_code(row[c0 + 2 * j] * inv) << 4 | nf4_code(row[c0 + 2 * j + 1] * inv));
+    // rows in parallel (blocks never span rows, so the parts write disjoint codes and absmax)
+    host_pool().parallel_for(rows_, std::max<index_t>(1, (index_t(1) << 16) / cols_), [&](int, index_t r0, index_t r1) {
+      for (index_t r = r0; r < r1; ++r) {
+        const float* row = w.data() + r * w.stride(0);
+        for (index_t c = 0; c < cols_; ++c)
+          LOOM_CHECK(std::isfinite(row[c]), "quant::nf4_matrix: w[", r, ", ", c, "]=", row[c], " is not finite");
+        for (index_t c0 = 0; c0 < cols_; c0 += o.block_size) {
+          const std::size_t b = static_cast<std::size_t>(r * cols_ + c0) / bs;
+          absmax[b] = block_absmax({row + c0, bs});
+          const float inv = 1.0f / absmax[b];
+          std::uint8_t* out = codes_.data() + (r * cols_ + c0) / 2;
+          for (index_t j = 0; j < o.block_size / 2; ++j)
+            out[j] =
+                static_cast<std::uint8_t>(nf4_code(row[c0 + 2 * j] * inv) << 4 | nf4_code(row[c0 + 2 * j + 1] * inv));
+        }
       }
-    }
+    });
     if (!o.double_quant) {
       absmax_ = std::move(absmax);
       return;
