@@ -274,6 +274,7 @@ __attribute__((target("avx512f"))) inline void nf4_expand_avx512(const std::uint
 /// The best expansion this CPU runs.
 inline nf4_isa nf4_best_isa() noexcept {
 #if LOOM_NF4_X86
+  __builtin_cpu_init();  // may run before the constructors that would otherwise do it
   if (__builtin_cpu_supports("avx512f")) return nf4_isa::avx512;
   if (__builtin_cpu_supports("avx2")) return nf4_isa::avx2;
 #endif
