@@ -44,6 +44,18 @@ else()
   set(LOOM_HAS_TORCH FALSE)
 endif()
 
+# loom_test_torch_oracle(<target>): LOOM_TEST_DIR (the calling folder, where the oracle script
+# lies) and, where /usr/bin/python3 has torch and numpy, LOOM_TORCH_PYTHON, which compiles the
+# test's PyTorch/numpy comparison in; elsewhere a warning says it runs without it.
+function(loom_test_torch_oracle target)
+  target_compile_definitions(${target} PRIVATE LOOM_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
+  if(LOOM_HAS_TORCH)
+    target_compile_definitions(${target} PRIVATE LOOM_TORCH_PYTHON="${LOOM_TORCH_PYTHON}")
+  else()
+    message(WARNING "${LOOM_TORCH_PYTHON} cannot import torch and numpy: ${target} runs without its PyTorch comparison")
+  endif()
+endfunction()
+
 function(loom_add_test name)
   cmake_parse_arguments(T "MPI;GPU" "TIMEOUT" "SOURCES;LIBS;LABELS;NP;ARGS" ${ARGN})
   if(NOT T_TIMEOUT)
