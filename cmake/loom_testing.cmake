@@ -44,6 +44,18 @@ else()
   set(LOOM_HAS_TORCH FALSE)
 endif()
 
+# A test whose comparison with PyTorch is compiled in when torch is there (LOOM_TORCH_PYTHON
+# names the interpreter) and out, with a warning, when it is not; LOOM_TEST_DIR is the test's
+# source folder, where its oracle script lives.
+function(loom_torch_oracle target)
+  target_compile_definitions(${target} PRIVATE LOOM_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
+  if(LOOM_HAS_TORCH)
+    target_compile_definitions(${target} PRIVATE LOOM_TORCH_PYTHON="${LOOM_TORCH_PYTHON}")
+  else()
+    message(WARNING "${LOOM_TORCH_PYTHON} cannot import torch and numpy: ${target} runs without its PyTorch comparison")
+  endif()
+endfunction()
+
 function(loom_add_test name)
   cmake_parse_arguments(T "MPI;GPU" "TIMEOUT" "SOURCES;LIBS;LABELS;NP;ARGS" ${ARGN})
   if(NOT T_TIMEOUT)
