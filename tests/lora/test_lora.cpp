@@ -214,6 +214,47 @@ TEST_CASE("lora::adapter on tp = 2, 4 (column and row split) equals tp = 1; init
   }
 }
 
+TEST_CASE("lora::adapter::backward_from_weight_grad (merged base's dW) equals backward, on tp = 1, 2, 4") {
+  const index_t n = 6, in = 8, out = 12, r = 2;
+  const T s = 1.5;
+  for (lora::split sp : {lora::split::column, lora::split::row}) {
+    loom::nn::param_layout FL;
+    lora::adapter<T> full(FL, "m", in, out, r, lora::split::column);
+    std::vector<T> fp = lora_randn(FL.size(), 41, 0.4f), fg(FL.size(), 0);
+    const auto x = lora_randn(n * in, 42), dy = lora_randn(n * out, 43);
+    std::vector<T> y(n * out, 0), G(out * in, 0);
+    loom::nn::workspace<T> ws0;
+    auto act = full.make_activations(n, false);
+    full.forward(std::span<T>(fp), loom::make_view(x.data(), n, in), act, loom::make_view(y.data(), n, out), ws0, s);
+    full.backward(std::span<T>(fp), std::span<T>(fg), loom::make_view(x.data(), n, in), act, loom::make_view(dy.data(), n, out),
+                  loom::tensor_view<T, loom::host, 2>{}, ws0, s);
+    for (index_t o = 0; o < out; ++o)  // G = dy^T x: the merged base weight's gradient
+      for (index_t j = 0; j < in; ++j)
+        for (index_t i = 0; i < n; ++i) G[o * in + j] += dy[i * out + o] * x[i * in + j];
+    for (int t : {1, 2, 4}) {
+      CAPTURE(t);
+      std::vector<double> err(t, 1.0);
+      loom::comm::run_ranks(t, [&](loom::comm::thread_comm& c) {
+        loom::nn::param_layout L;
+        tp::shard_list shards;
+        lora::adapter<T> ad(L, "m", in, out, r, sp, {c.rank(), t}, &shards);
+        auto off = [&](const std::string& name) { return FL.find(name).offset; };
+        std::vector<T> p(L.size(), 0), g(L.size(), 0), want(L.size(), 0);
+        tp::load_shards(shards, std::span<const T>(fp), std::span<T>(p), off);
+        tp::load_shards(shards, std::span<const T>(fg), std::span<T>(want), off);
+        auto Gl = lora_columns(G, out, in, ad.first_input(), ad.in_features());
+        Gl = std::vector<T>(Gl.begin() + ad.first_output() * ad.in_features(),
+                            Gl.begin() + (ad.first_output() + ad.out_features()) * ad.in_features());
+        loom::nn::workspace<T> ws;
+        ad.backward_from_weight_grad(c, std::span<T>(p), std::span<T>(g),
+                                     loom::make_view(static_cast<const T*>(Gl.data()), ad.out_features(), ad.in_features()), ws, s);
+        err[c.rank()] = lora_max_diff(g, want);
+      });
+      for (double e : err) CHECK(e < 1e-12);
+    }
+  }
+}
+
 TEST_CASE("lora::adapter::merge: merged forward == unmerged forward; unmerge gives the base back") {
   const index_t n = 6, in = 32, out = 24, r = 8;
   loom::nn::param_layout L;

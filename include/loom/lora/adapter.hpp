@@ -219,6 +219,33 @@ class adapter {
       }
   }
 
+  /// The merged-weight path's backward: when the base ran with W_eff = W + scaling * B A (the
+  /// adapter merged), its weight gradient G = dL/dW_eff ([out_local, in_local], this rank's
+  /// shard) gives dA += scaling * B^T G and dB += scaling * G A^T (dropout 0 only: merged, the
+  /// LoRA branch sees x itself). Under tensor parallelism the gradient of the replicated
+  /// factor is a sum over the ranks' shards (column: dA; row: dB): one all-reduce of it.
+  template <comm::communicator C, param_type P>
+  void backward_from_weight_grad(C& tp, std::span<P> params, std::span<T> grads, in_view<T, 2> G, workspace<T>& ws,
+                                 T scaling) const {
+    LOOM_CHECK(tp.size() == tp_size_, "lora::adapter: built for tensor-parallel size ", tp_size_, ", called on a group of ",
+               tp.size());
+    LOOM_CHECK(G.extent(0) == out_features() && G.extent(1) == in_features(), "lora::adapter: weight gradient is [",
+               G.extent(0), ", ", G.extent(1), "], the adapter is for [", out_features(), ", ", in_features(), "]");
+    const bool sum_a = split_ == split::column && tp.size() > 1, sum_b = split_ == split::row && tp.size() > 1;
+    const auto& rep = sum_a ? a_ : b_;  // the replicated factor, whose increment is summed over the group
+    auto tmp = (sum_a || sum_b) ? ws.take(rep.numel()) : std::span<T>{};
+    auto target = [&](const nn::param_slot<2>& s) {
+      return (sum_a || sum_b) && &s == &rep ? make_view(tmp.data(), s.shape[0], s.shape[1]) : s.in(grads);
+    };
+    const T beta_a = sum_a ? T(0) : T(1), beta_b = sum_b ? T(0) : T(1);
+    ops::gemm(host{}, nn::weights_as<T>(b_, params, ws).transpose(0, 1), G, target(a_), scaling, beta_a);
+    ops::gemm(host{}, G, nn::weights_as<T>(a_, params, ws).transpose(0, 1), target(b_), scaling, beta_b);
+    if (!(sum_a || sum_b)) return;
+    tp.all_reduce(std::span<const T>(tmp.data(), tmp.size()), tmp, comm::reduce_op::sum);
+    auto g = rep.in(grads);
+    for (std::size_t i = 0; i < tmp.size(); ++i) g.data()[i] += tmp[i];
+  }
+
  private:
   template <comm::communicator C>
   void check(const C& tp, const in_view<T, 2>& x, const activations& a, index_t n) const {
