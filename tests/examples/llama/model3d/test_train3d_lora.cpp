@@ -260,3 +260,72 @@ TEST_CASE("LoRA on the HF LLaMA: loom's logits, loss, dA and dB equal PyTorch's 
   });
   fs::remove_all(dir);
 }
+
+TEST_CASE("a LoRA run's PEFT folder: exported on (2,2,1) ZeRO-3, imported on (1,1,2) ZeRO-1 and (1,1,1), the same adapters bit for bit; a folder that does not fit is refused") {
+  namespace fs = std::filesystem;
+  using loom::test::error_of;
+  const llama::config cfg = train3d_suite::tiny(false);  // interleaved rotary: q/k B rows are permuted in the file
+  const fs::path dir = fs::temp_directory_path() / ("loom_lora_peft3d_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto opts = [&](loom::comm::mesh_shape mesh, int zero) {
+    auto o = train3d_suite::options(mesh, zero, "1f1b", 2);
+    o.lora = lora_cfg(cfg);
+    return o;
+  };
+  std::vector<float> exported;
+  loom::comm::run_ranks(4, [&](thread_comm& world) {
+    llama3d::trainer<double, double, thread_comm> t(world, cfg, opts({2, 2, 1}, 3), loom::default_resource<loom::host>());
+    for (int s = 0; s < 3; ++s)
+      t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+        llama3d::counting_batch(7, step, g, 2, 8, cfg.vocab, tok, tgt);
+      });
+    llama3d::export_lora_peft(t, dir.string(), "tiny-llama");
+    auto a = t.consolidated_lora();
+    if (world.rank() == 0) exported = std::move(a);
+  });
+  // in the file: PEFT's names, and B of q_proj in HF's half-split row order
+  const auto file = loom::lora::load_peft(dir.string());
+  CHECK(file.tensors.size() == 2 * 7 * 2);
+  const auto full = llama3d::lora_full_layout(lora_cfg(cfg), cfg);
+  const auto& qb = full.find("layers.1.attention.wq.lora_B.weight");
+  const auto& fq = file.tensors.at("base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight").data;
+  const loom::index_t hd = cfg.head_dim(), r = lora_cfg(cfg).r;
+  bool permuted = true;
+  for (loom::index_t o = 0; o < qb.shape[0]; ++o) {
+    const loom::index_t hf = o / hd * hd + (o % 2) * hd / 2 + (o % hd) / 2;
+    for (loom::index_t j = 0; j < r; ++j) permuted = permuted && fq[hf * r + j] == exported[qb.offset + o * r + j];
+  }
+  CHECK(permuted);
+  for (const auto& [mesh, zero] : {std::pair{loom::comm::mesh_shape{1, 1, 2}, 1}, {loom::comm::mesh_shape{1, 1, 1}, 0}}) {
+    CAPTURE(mesh.pp);
+    std::vector<float> got;
+    loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
+      llama3d::trainer<double, double, thread_comm> t(world, cfg, opts(mesh, zero), loom::default_resource<loom::host>());
+      llama3d::import_lora_peft(t, dir.string());
+      auto a = t.consolidated_lora();
+      if (world.rank() == 0) got = std::move(a);
+    });
+    CHECK(got == exported);
+  }
+  // refused, naming what does not fit: another r; a tensor of another shape
+  loom::comm::run_ranks(1, [&](thread_comm& world) {
+    auto o = opts({1, 1, 1}, 0);
+    o.lora->r = 8;
+    llama3d::trainer<double, double, thread_comm> t8(world, cfg, o, loom::default_resource<loom::host>());
+    CHECK(error_of([&] { llama3d::import_lora_peft(t8, dir.string()); }).find("r=4 lora_alpha=8 use_rslora=0, this run has r=8") !=
+          std::string::npos);
+    loom::io::tensor_map bad;
+    for (const auto& [name, t] : file.tensors) {
+      const bool cut = name == "base_model.model.model.layers.0.mlp.up_proj.lora_A.weight";
+      loom::io::named_tensor c{cut ? std::vector<std::int64_t>{r, t.shape[1] - 1} : t.shape,
+                               loom::buffer<float>(static_cast<std::size_t>(cut ? r * (t.shape[1] - 1) : t.numel()))};
+      std::copy_n(t.data.begin(), c.data.size(), c.data.begin());
+      bad[name] = std::move(c);
+    }
+    loom::lora::save_peft((dir / "bad").string(), file.cfg, bad);
+    llama3d::trainer<double, double, thread_comm> t(world, cfg, opts({1, 1, 1}, 0), loom::default_resource<loom::host>());
+    CHECK(error_of([&] { llama3d::import_lora_peft(t, (dir / "bad").string()); })
+              .find("tensor 'base_model.model.model.layers.0.mlp.up_proj.lora_A.weight' has shape [4,15]") != std::string::npos);
+  });
+  fs::remove_all(dir);
+}
