@@ -329,3 +329,26 @@ TEST_CASE("a LoRA run's PEFT folder: exported on (2,2,1) ZeRO-3, imported on (1,
   });
   fs::remove_all(dir);
 }
+
+TEST_CASE("LoRA under ZeRO-2 on dp 2: gradients and optimizer state exist for the adapters only, split over dp") {
+  const llama::config cfg = train3d_suite::tiny(false);
+  auto o = train3d_suite::options({2, 1, 1}, 2, "1f1b", 2);
+  std::vector<loom::zero::state_bytes> full(2), lora(2);
+  std::size_t n_lora = 0;
+  loom::comm::run_ranks(2, [&](thread_comm& world) {
+    llama3d::trainer<double, double, thread_comm> base(world, cfg, o, loom::default_resource<loom::host>());
+    auto lo = o;
+    lo.lora = lora_cfg(cfg);
+    llama3d::trainer<double, double, thread_comm> t(world, cfg, lo, loom::default_resource<loom::host>());
+    full[static_cast<std::size_t>(world.rank())] = base.bytes();
+    lora[static_cast<std::size_t>(world.rank())] = t.bytes();
+    if (world.rank() == 0) n_lora = t.lora()->layout().size();
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    // the adapters' elements (padded to dp), halved by ZeRO-2: fp32 master + two moments, double gradients
+    CHECK(lora[r].optimizer == 3 * sizeof(float) * n_lora / 2);
+    CHECK(lora[r].gradients == sizeof(double) * n_lora / 2);
+    CHECK(lora[r].optimizer < full[r].optimizer);  // r = 4 on a 16-wide model is a quarter of its width: less, not few
+  }
+}
