@@ -2,8 +2,8 @@
 # includes it twice (include guard) and nothing else. `.hpp` headers are compiled by the C++
 # compiler, `.cuh` headers by nvcc. A header's dependencies follow from its path (see
 # docs/conventions.md): `.cuh` or a `cuda/` folder -> loom::cuda; `mpi` in the file name ->
-# loom::mpi; `nccl` -> loom::cuda + loom::mpi; `blas` in the name or under a `host/` folder or `nn`
-# -> loom::blas; `sentencepiece` in the file name -> loom::sentencepiece; a header that includes
+# loom::mpi; `nccl` -> loom::cuda + loom::mpi; `blas` in the name or under a `host/` folder, `nn` or
+# `lora` -> loom::blas; `sentencepiece` in the file name -> loom::sentencepiece; a header that includes
 # <nlohmann/...> -> nlohmann_json. Headers whose dependency is not available are skipped.
 
 function(loom_add_header_tests include_dir)
@@ -28,7 +28,7 @@ function(loom_add_header_tests include_dir)
     if(fname MATCHES "mpi" OR fname MATCHES "nccl")
       set(needs_mpi TRUE)
     endif()
-    if(fname MATCHES "blas" OR h MATCHES "^loom/[a-z_]+/host/" OR h MATCHES "^loom/nn/")
+    if(fname MATCHES "blas" OR h MATCHES "^loom/[a-z_]+/host/" OR h MATCHES "^loom/nn/" OR h MATCHES "^loom/lora/")
       set(needs_blas TRUE)
     endif()
     if(fname MATCHES "sentencepiece")

@@ -17,4 +17,12 @@ double rel_err(const A* a, const B* b, std::size_t n) {
   return ref > 0 ? diff / ref : diff;
 }
 
+/// max |a - b| over n elements.
+template <class A, class B>
+double max_abs_diff(const A* a, const B* b, std::size_t n) {
+  double diff = 0;
+  for (std::size_t i = 0; i < n; ++i) diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+  return diff;
+}
+
 }  // namespace loom::test

@@ -29,6 +29,8 @@ const char* usage =
     "                   [--template chatglm2|chatglm3|llama2] [--max-source-length S] [--max-target-length T]\n"
     "                   [--eval-every N [--eval-data FILES] [--eval-batches K]]\n"
     "                   [--init-from HF_FOLDER] [--save DIR [--save-every N] [--keep-last K] [--export-hf OUT]] [--resume DIR]\n"
+    "                   [--lora-r N [--lora-alpha A] [--lora-dropout 0] [--lora-targets q_proj,v_proj] [--rslora]\n"
+    "                    [--lora-from PEFT_DIR] [--export-lora PEFT_DIR]]\n"
     "  Ranks: dp x tp x pp threads (--ranks N: --dp N), or the processes of `mpirun -np dp*tp*pp`.\n"
     "  A config's ZeRO stage, batch (micro batch x accumulation), precision (fp16: its loss scaler), optimizer,\n"
     "  scheduler and clipping win over the flags; its \"auto\" values take them. bf16 / fp16 store parameters in that\n"
@@ -39,7 +41,10 @@ const char* usage =
     "  --save: sharded checkpoints DIR/step-<N> and DIR/latest (--keep-last: only the newest K); a checkpoint resumes\n"
     "  on any mesh and ZeRO stage (--resume DIR: its latest, or DIR/step-<N>); --export-hf: after the last save, the\n"
     "  model as a Hugging Face folder (config.json, safetensors shards, index). --init-from: start from a Hugging Face\n"
-    "  LLaMA or ChatGLM2/3 folder (its config.json gives the model's shape; each rank reads only its slices).\n";
+    "  LLaMA or ChatGLM2/3 folder (its config.json gives the model's shape; each rank reads only its slices).\n"
+    "  --lora-*: LoRA adapters (PEFT's semantics: scaling alpha / r, or alpha / sqrt(r) with --rslora) on a frozen base;\n"
+    "  targets by HF names (LLaMA q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; ChatGLM query_key_value dense\n"
+    "  dense_h_to_4h dense_4h_to_h); --export-lora writes adapter_config.json + adapter_model.safetensors for PEFT.\n";
 
 using examples::cli::bad_args;
 using examples::cli::number;
@@ -63,6 +68,10 @@ T at_least(const std::string& flag, const std::string& v, T low) {
 llama_train::options parse(int argc, char** argv, bool& help) {
   llama_train::options o;
   bool hidden_given = false;
+  auto lora = [&]() -> loom::lora::config& {  // any --lora-* flag turns LoRA on (PEFT's defaults for the rest)
+    if (!o.lora) o.lora.emplace();
+    return *o.lora;
+  };
   help = !examples::cli::parse(argc, argv, [&](const std::string& a, const auto& value) {
     if (a == "--config") o.config_path = value();
     else if (a == "--allow-unknown") o.allow_unknown = true;
@@ -113,9 +122,23 @@ llama_train::options parse(int argc, char** argv, bool& help) {
     else if (a == "--batch") o.batch = at_least<std::int64_t>(a, value(), 1);
     else if (a == "--grad-accum" || a == "--micro-batches") o.grad_accum = at_least<std::int64_t>(a, value(), 1);
     else if (a == "--print-every") o.print_every = at_least<std::int64_t>(a, value(), 1);
+    else if (a == "--lora-r") lora().r = at_least<loom::index_t>(a, value(), 1);
+    else if (a == "--lora-alpha") lora().lora_alpha = number<double>(a, value());
+    else if (a == "--lora-dropout") lora().lora_dropout = number<double>(a, value());
+    else if (a == "--lora-targets") lora().target_modules = loom::lora::parse_targets(value());
+    else if (a == "--rslora") lora().use_rslora = true;
+    else if (a == "--lora-from") lora(), o.lora_from = value();
+    else if (a == "--export-lora") lora(), o.export_lora = value();
     else return false;
     return true;
   });
+  if (o.lora) {
+    try {
+      o.lora->validate();
+    } catch (const loom::error& e) {
+      throw bad_args(e.what());
+    }
+  }
   if (!hidden_given) o.model.hidden_dim = llama::config::default_hidden_dim(o.model.dim);
   if (o.data.empty()) o.data.push_back(LLAMA_DEFAULT_DATA);
   if (const int n = llama_train::mpi_launch_size(); n > 1 && o.mesh.size() == 1) o.mesh.dp = n;  // mpirun -np N: dp = N by default

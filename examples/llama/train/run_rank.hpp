@@ -14,6 +14,7 @@
 #include <llama/generate/llama_loader.hpp>
 #include <llama/train3d/checkpoint.hpp>
 #include <llama/train3d/init_hf.hpp>
+#include <llama/train3d/lora_peft.hpp>
 #include <tokenizer_file.hpp>
 
 #include <loom/comm/communicator.hpp>
@@ -50,6 +51,7 @@ inline llama3d::train_options trainer_options(const options& o, const loom::io::
   t.seed = o.seed;
   t.checkpointing = o.checkpointing || c.activation_checkpointing.enabled;
   t.loss_scaler = loom::zero::loss_scaler_from(c);
+  t.lora = o.lora;
   return t;
 }
 
@@ -195,6 +197,10 @@ train_result run_rank(C& comm, const options& o, const loom::io::ds_config& c, s
     llama3d::init_from_hf(t, o.init_from);
     if (log) *log << "initialised from the Hugging Face folder " << o.init_from << "\n";
   }
+  if (!o.lora_from.empty()) {
+    llama3d::import_lora_peft(t, o.lora_from);
+    if (log) *log << "LoRA adapters from the PEFT folder " << o.lora_from << "\n";
+  }
   if (!o.resume.empty()) {
     llama3d::load_checkpoint(t, o.resume);
     if (log) *log << "resumed from " << loom::checkpoint::resolve(o.resume) << " at step " << t.steps() << "\n";
@@ -248,7 +254,11 @@ train_result run_rank(C& comm, const options& o, const loom::io::ds_config& c, s
       *log << "exported " << res.checkpoint << " as the HF folder " << o.export_hf << " (" << files << " safetensors file"
            << (files == 1 ? "" : "s") << ")" << std::endl;
   }
-  res.params = t.consolidated_master();
+  if (!o.export_lora.empty()) {  // collective: every rank's adapters, written by rank 0
+    llama3d::export_lora_peft(t, o.export_lora, o.init_from);
+    if (log) *log << "exported the LoRA adapters as the PEFT folder " << o.export_lora << std::endl;
+  }
+  res.params = o.lora ? t.consolidated_lora() : t.consolidated_master();
   res.parameter_peak_bytes = params.peak_bytes();
   res.parameter_full_bytes = t.model().size() * sizeof(P);
   const auto& L = t.model().layout();

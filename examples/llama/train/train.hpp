@@ -13,6 +13,7 @@
 #include <loom/comm/mesh.hpp>
 #include <loom/core/dtype.hpp>
 #include <loom/io/ds_config.hpp>
+#include <loom/lora/config.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -60,6 +61,11 @@ struct options {
   std::int64_t grad_accum = 1;  ///< micro-batches per data-parallel rank and step, without a config
   std::int64_t print_every = 1;
   bool checkpointing = false;   ///< also on when the config has activation_checkpointing
+  /// LoRA adapters on a frozen base (--lora-r, --lora-alpha, --lora-dropout, --lora-targets,
+  /// --rslora); empty: every parameter trains
+  std::optional<loom::lora::config> lora;
+  std::string lora_from;    ///< a PEFT adapter folder to start the adapters from
+  std::string export_lora;  ///< after the last step: the adapters as a PEFT folder
 };
 
 struct step_record {
@@ -75,7 +81,7 @@ struct step_record {
 
 struct train_result {
   std::vector<step_record> steps;
-  std::vector<float> params;  ///< final fp32 master weights, in the single-rank flat layout
+  std::vector<float> params;  ///< final fp32 master weights, in the single-rank flat layout (LoRA: the adapters', llama3d::lora_full_layout)
   std::int64_t parameter_count = 0;
   /// Rank 0: the most parameter memory the rank held (its share of the parameters plus what
   /// ZeRO-3 gathered at once), and the unpartitioned stage's bytes.

@@ -18,6 +18,8 @@ namespace llama3d {
 namespace detail {
 template <class P, class T, class C>
 auto checkpoint_chunks(trainer<P, T, C>& t) {
+  LOOM_CHECK(!t.options().lora, "llama3d: sharded checkpoints of a LoRA run are not supported (its engine holds the "
+             "adapters, not the model); write the adapters as a PEFT folder (export_lora_peft, llama-train --export-lora)");
   using engine_t = std::remove_reference_t<decltype(t.engine(0))>;
   std::vector<loom::checkpoint::chunk<engine_t>> out;
   for (int c = 0; c < t.chunks(); ++c) out.push_back({&t.model(c).shards(), &t.engine(c)});

@@ -136,6 +136,25 @@ class hf_source {
   std::set<std::string> permuted_;
 };
 
+namespace detail {
+/// A LoRA run's frozen base lives in the models' own buffers (no engine, no master): every
+/// shard of every chunk, replicas included, read row by row from src.
+template <class P, class T, class C, class Source>
+void read_frozen_base(trainer<P, T, C>& t, const Source& src) {
+  std::vector<float> row;
+  for (int k = 0; k < t.chunks(); ++k) {
+    auto& m = t.model(k);
+    const std::span<P> p = m.params();
+    for (const auto& s : m.shards())
+      for (index_t r = 0; r < s.rows; ++r) {
+        row.resize(static_cast<std::size_t>(s.cols));
+        src.read(0, s.name, static_cast<std::size_t>((s.row0 + r) * s.full_cols + s.col0), std::span<float>(row));
+        for (index_t j = 0; j < s.cols; ++j) p[s.local_offset + static_cast<std::size_t>(r * s.cols + j)] = P(row[static_cast<std::size_t>(j)]);
+      }
+  }
+}
+}  // namespace detail
+
 /// init_from_hf, and what this rank read.
 template <class P, class T, class C>
 void init_from_hf(trainer<P, T, C>& t, const std::string& folder, hf_read_stats& stats) {
@@ -146,8 +165,12 @@ void init_from_hf(trainer<P, T, C>& t, const std::string& folder, hf_read_stats&
   const hf_source src(f, t.model().cfg());
   std::exception_ptr failed;
   try {
-    const auto chunks = detail::checkpoint_chunks(t);
-    loom::checkpoint::load(src, std::span(std::as_const(chunks)));
+    if (t.options().lora) {
+      detail::read_frozen_base(t, src);
+    } else {
+      const auto chunks = detail::checkpoint_chunks(t);
+      loom::checkpoint::load(src, std::span(std::as_const(chunks)));
+    }
   } catch (...) {
     failed = std::current_exception();
   }
@@ -156,7 +179,8 @@ void init_from_hf(trainer<P, T, C>& t, const std::string& folder, hf_read_stats&
   world.all_reduce(std::span<const double>(&failures, 1), std::span<double>(&failures, 1), loom::comm::reduce_op::sum);
   if (failed) std::rethrow_exception(failed);
   LOOM_CHECK(failures == 0, "llama3d::init_from_hf: reading '", folder, "' failed on ", failures, " other rank(s)");
-  t.restore(0);  // the parameters from the master (stage 0 gathers it first), step 0
+  if (t.options().lora) t.lora_capture_base();  // the base is frozen: no master, the adapters as they were
+  else t.restore(0);  // the parameters from the master (stage 0 gathers it first), step 0
   stats = {f.bytes_read(), f.header_bytes(), f.file_bytes()};
 }
 

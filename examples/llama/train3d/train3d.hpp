@@ -34,6 +34,16 @@
 //
 // Data: the global batch of a step is dp * m micro-batches [micro_batch, seq]; data-parallel
 // rank d runs micro-batches d*m .. d*m+m-1, so the loss curve does not depend on the mesh.
+//
+// LoRA (train_options::lora): the base is frozen and the engine holds the adapters only
+// (lora3d.hpp): every ZeRO stage partitions their gradients, optimizer state (and, stage 3,
+// parameters) over dp; the base stays in the model's own buffers, replicated over dp, with no
+// optimizer state, and its untouched copy W0 of each adapted weight is kept aside. A step
+// merges (W_eff = W0 + scaling B A, the adapters acquired unit by unit in the engine's trace),
+// runs the schedule, turns the adapted weights' gradients into the adapters' (the trace's
+// backward half), then reduces, clips and applies as above. docs/lora.md.
+
+#include "lora3d.hpp"
 
 #include <llama/model3d/llama3d.hpp>
 
@@ -55,6 +65,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -85,6 +96,8 @@ struct train_options {
   bool checkpointing = false;
   /// 1 (none: fp32, bfloat16), or ds_config's fp16 section (loom::zero::loss_scaler_from)
   loom::amp::any_loss_scaler loss_scaler{loom::amp::static_loss_scaler(1.f)};
+  /// LoRA adapters on a frozen base (PEFT's fields; lora_dropout must be 0 here, lora3d.hpp)
+  std::optional<loom::lora::config> lora;
 
   void validate() const {
     LOOM_CHECK(zero_stage >= 0 && zero_stage <= 3, "llama3d: zero_stage must be 0, 1, 2 or 3, got zero_stage=", zero_stage);
@@ -144,6 +157,8 @@ class trainer {
     engine_source source;
     std::vector<loom::sched::trace_step> train_trace;
     std::vector<std::pair<std::size_t, std::size_t>> counted;  // canonical (offset, numel): norm
+    std::unique_ptr<stage_lora<P, T>> lora;  // LoRA: the adapters (the engine's layout) ...
+    loom::buffer<P> frozen;                  // ... and the adapted base weights as they were (W0)
   };
 
  public:
@@ -172,6 +187,10 @@ class trainer {
       auto& m = *ck->model;
       m.set_checkpointing(opt.checkpointing);
       m.init(opt.seed);  // the counter-RNG model, whole, in the model's own buffer; the engine takes its fp32 master from it
+      if (opt.lora) {
+        chunks_.push_back(make_lora_chunk(std::move(ck), cfg, eo, param_mr));
+        continue;
+      }
       const auto& L = m.layout();
       std::vector<loom::zero::param_spec> units;
       for (std::size_t u = 0; u < m.units(); ++u)
@@ -213,7 +232,9 @@ class trainer {
           loom::pipeline::forward_only(opt_.mesh.pp, opt_.micro_batches, sched_.chunks), mesh_.pp(),
           static_cast<std::size_t>(opt_.micro_batch_size * opt_.seq * model().cfg().dim), *mr_);
     for (std::size_t c = 0; c < chunks_.size(); ++c)
-      chunks_[c]->zero->set_gather_trace(trace_of(eval_exec_->plan_schedule(), static_cast<int>(c), *chunks_[c]->model, true));
+      chunks_[c]->zero->set_gather_trace(chunks_[c]->lora ? lora_trace(*chunks_[c]->lora, false)
+                                                          : trace_of(eval_exec_->plan_schedule(), static_cast<int>(c), *chunks_[c]->model, true));
+    lora_merge();
     stage_adapter run{this, index, 0.0, 0.0, true};
     eval_exec_->run(run);
     for (auto& ck : chunks_) ck->zero->set_gather_trace(ck->train_trace);
@@ -247,7 +268,8 @@ class trainer {
     auto& pp = mesh_.pp();
     const float loss_scale = loom::amp::scale_of(opt_.loss_scaler);
     st.loss_scale = loss_scale;
-    for (auto& ck : chunks_) ck->model->zero_grad();  // the engine's accumulation buffer
+    for (auto& ck : chunks_) ck->model->zero_grad();  // the engine's accumulation buffer (LoRA: the model's own)
+    lora_merge();
     // 1. the pipeline schedule, run by the executor through the stage adapter
     const auto tp0 = clock::now();
     stage_adapter run{this, step_, 0.0, 0.0};
@@ -257,8 +279,10 @@ class trainer {
     double sq = 0;
     for (auto& ck : chunks_) {
       auto& md = *ck->model;
-      // 2. tied embedding copies (virtual stage 0 on pp rank 0, the last one on pp rank p-1)
-      if (std::span<T> gs = md.tied_grad(); !gs.empty()) {
+      // 2. tied embedding copies (virtual stage 0 on pp rank 0, the last one on pp rank p-1);
+      // LoRA: the adapters' gradients from the adapted weights' (the frozen base needs none)
+      if (ck->lora) lora_backward(*ck);
+      else if (std::span<T> gs = md.tied_grad(); !gs.empty()) {
         loom::buffer<T> other(gs.size(), *mr_);
         const int peer = md.first_stage() ? opt_.mesh.pp - 1 : 0;
         constexpr int to_last = 32766, to_first = 32767;  // the executor's transfers are all matched by now
@@ -299,22 +323,63 @@ class trainer {
   /// The fp32 master weights in the single-rank layout (llama::model's flat buffer), on
   /// every rank; collective over the world.
   std::vector<float> consolidated_master() {
+    LOOM_CHECK(!opt_.lora, "llama3d::trainer::consolidated_master: a LoRA run's engine holds the adapters "
+               "(consolidated_lora()); the frozen base is base_params()");
     const auto full = full_layout(chunks_.front()->model->cfg());
-    std::vector<float> out(full.size(), 0.f);
+    return consolidate(full.size(), [&](chunk_state& ck) -> const tp::shard_list& { return ck.model->shards(); },
+                       [&](chunk_state& ck, const std::string& n) { return ck.model->full_offset(n); });
+  }
+
+  /// LoRA: the adapters' fp32 master in the single-rank adapter layout (lora_full_layout),
+  /// on every rank; collective over the world.
+  std::vector<float> consolidated_lora() {
+    LOOM_CHECK(opt_.lora, "llama3d::trainer::consolidated_lora: this run has no LoRA adapters");
+    const auto full = lora_full_layout(*opt_.lora, chunks_.front()->model->cfg());
+    return consolidate(full.size(), [&](chunk_state& ck) -> const tp::shard_list& { return ck.lora->shards(); },
+                       [&](chunk_state&, const std::string& n) { return full.find(n).offset; });
+  }
+
+  /// LoRA: the adapters of model chunk c (null without LoRA).
+  const stage_lora<P, T>* lora(int c = 0) const noexcept { return chunks_[static_cast<std::size_t>(c)]->lora.get(); }
+  /// LoRA: after the models' base parameters were written (a pretrained base read in), keep
+  /// them as the frozen W0 (the next step merges the adapters into them).
+  void lora_capture_base() {
+    for (auto& ck : chunks_)
+      if (ck->lora) ck->lora->capture(std::span<const P>(ck->model->params()), ck->frozen.span());
+  }
+
+  /// LoRA: this rank's base parameters as frozen (the model's buffer with each adapted weight
+  /// back at W0) of model chunk c.
+  std::vector<P> base_params(int c = 0) const {
+    const chunk_state& ck = *chunks_[static_cast<std::size_t>(c)];
+    std::vector<P> out(ck.model->params().begin(), ck.model->params().end());
+    if (ck.lora)
+      for (const auto& it : ck.lora->items())
+        std::copy_n(ck.frozen.begin() + static_cast<std::ptrdiff_t>(it.frozen_offset), it.rows * it.cols,
+                    out.begin() + static_cast<std::ptrdiff_t>(it.base_offset));
+    return out;
+  }
+
+ private:
+  // Each chunk's engine master gathered over dp, its canonical shards (dp rank 0, replica 0)
+  // stored at full offsets, summed over the world (every element written by one rank).
+  template <class ShardsOf, class OffsetOf>
+  std::vector<float> consolidate(std::size_t size, ShardsOf shards_of, OffsetOf offset_of) {
+    std::vector<float> out(size, 0.f);
     for (auto& ck : chunks_) {
-      auto& md = *ck->model;
       const std::vector<float> local = ck->zero->gather_master();  // this chunk's flat buffer, whole (collective over dp)
       tp::shard_list canon;
-      for (const auto& s : md.shards())
+      for (const auto& s : shards_of(*ck))
         if (s.replica == 0 && mesh_.coord().dp == 0) canon.push_back(s);
       tp::store_shards(canon, std::span<const float>(local), std::span<float>(out),
-                       [&](const std::string& n) { return md.full_offset(n); });
+                       [&](const std::string& n) { return offset_of(*ck, n); });
     }
     // every element is written by exactly one rank (dp 0, replica 0); the others hold 0
     mesh_.world().all_reduce(std::span<const float>(out), std::span<float>(out), loom::comm::reduce_op::sum);
     return out;
   }
 
+ public:
   /// Model-state bytes of this rank, summed over its chunks (the engines' accounting).
   loom::zero::state_bytes bytes() const noexcept {
     loom::zero::state_bytes b;
@@ -326,6 +391,66 @@ class trainer {
   }
 
  private:
+  // LoRA: chunk ck (its model made and initialised) gets its adapters and an engine over them;
+  // the model keeps its own buffers (the frozen base and the adapted weights' gradients).
+  std::unique_ptr<chunk_state> make_lora_chunk(std::unique_ptr<chunk_state> ck, const llama::config& cfg,
+                                               const loom::zero::engine_options& eo, loom::memory_resource* param_mr) {
+    auto& m = *ck->model;
+    ck->lora = std::make_unique<stage_lora<P, T>>(*opt_.lora, cfg, m.layout(), m.shards(), m.layers(),
+                                                   tp::tp_rank::of(mesh_.tp()), dp_);
+    const auto& lo = *ck->lora;
+    ck->frozen = loom::buffer<P>(lo.frozen_size(), *mr_);
+    lo.capture(m.params(), ck->frozen.span());
+    const auto& L = lo.layout();
+    std::vector<P> init(L.size(), P(0.f));
+    lo.init(std::span<P>(init), opt_.seed);
+    std::vector<loom::zero::param_spec> units;
+    for (std::size_t u = 0; u < lo.units(); ++u)
+      units.push_back({"lora unit " + std::to_string(u), {static_cast<index_t>(L.unit_end(u) - L.unit_begin(u))}, u});
+    ck->train_trace = lora_trace(lo, true);
+    ck->zero = loom::zero::make_engine<P, C, T>(
+        opt_.zero_stage, mesh_.dp(), loom::zero::flat_layout(std::move(units), dp_), eo, {mr_, mr_, mr_, param_mr},
+        [&](std::size_t u, std::size_t first, std::span<float> out) {
+          for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(init[L.unit_begin(u) + first + i]);
+        },
+        ck->train_trace);
+    for (const auto& sh : lo.shards())
+      if (sh.replica == 0) ck->counted.push_back({sh.local_offset, static_cast<std::size_t>(sh.rows * sh.cols)});
+    return ck;
+  }
+  // A LoRA step's use of the adapters' units: merge (forward, in order), then (training) the
+  // gradients (backward, in reverse).
+  static std::vector<loom::sched::trace_step> lora_trace(const stage_lora<P, T>& lo, bool training) {
+    std::vector<loom::sched::trace_step> t;
+    for (std::size_t u = 0; u < lo.units(); ++u) t.push_back({u, loom::sched::pass::forward});
+    for (std::size_t u = lo.units(); training && u-- > 0;) t.push_back({u, loom::sched::pass::backward});
+    return t;
+  }
+  // W_eff = W0 + scaling B A in every chunk's model (nothing without LoRA).
+  void lora_merge() {
+    for (auto& ck : chunks_) {
+      if (!ck->lora) continue;
+      for (std::size_t u = 0; u < ck->lora->units(); ++u) {
+        ck->zero->acquire_layer(u);
+        ck->lora->merge(u, ck->zero->parameter(u), ck->frozen.span(), ck->model->params());
+        ck->zero->release_layer(u);
+      }
+    }
+  }
+  // The adapters' gradients of chunk ck from its model's weight gradients, into the engine's
+  // accumulation buffer (written: zeroed first).
+  void lora_backward(chunk_state& ck) {
+    std::span<T> acc = ck.zero->accumulation();
+    std::fill(acc.begin(), acc.end(), T(0));
+    loom::nn::workspace<T> ws(0, *mr_);
+    const auto& L = ck.lora->layout();
+    for (std::size_t u = ck.lora->units(); u-- > 0;) {
+      ck.zero->acquire_layer(u);
+      ck.lora->backward(mesh_.tp(), u, ck.zero->parameter(u), L.unit(acc, u), std::span<const T>(ck.model->grads()), ws);
+      ck.zero->release_layer(u);
+    }
+  }
+
   // The order in which chunk c's units are used in one run of schedule s on this stage: each
   // forward / backward op of the chunk reads its units in the model's pass order.
   std::vector<loom::sched::trace_step> trace_of(const loom::pipeline::schedule& s, int c, const stage_model<P, T, C>& m,

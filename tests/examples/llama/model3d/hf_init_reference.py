@@ -136,8 +136,10 @@ def rms(x, w, eps=1e-5):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def llama_forward(w, tokens):
-    """HF LLaMA semantics, tokens [batch, seq] -> logits [batch, seq, vocab]."""
+def llama_forward(w, tokens, lin=None):
+    """HF LLaMA semantics, tokens [batch, seq] -> logits [batch, seq, vocab]. lin(name, h): the
+    projection by weight `name` (default h @ w[name].T; a LoRA oracle wraps it)."""
+    lin = lin or (lambda name, h: h @ w[name].T)
     b, s = tokens.shape
     inv = 1.0 / 10000.0 ** (torch.arange(0, L_HD, 2, dtype=torch.float64) / L_HD)
     ang = torch.arange(s, dtype=torch.float64)[:, None] * inv[None, :]
@@ -148,16 +150,16 @@ def llama_forward(w, tokens):
     for l in range(L_LAYERS):
         p = f"model.layers.{l}."
         h = rms(x, w[p + "input_layernorm.weight"])
-        q = rot((h @ w[p + "self_attn.q_proj.weight"].T).view(b, s, L_HEADS, L_HD))
-        k = rot((h @ w[p + "self_attn.k_proj.weight"].T).view(b, s, L_KV, L_HD))
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).view(b, s, L_KV, L_HD)
+        q = rot(lin(p + "self_attn.q_proj.weight", h).view(b, s, L_HEADS, L_HD))
+        k = rot(lin(p + "self_attn.k_proj.weight", h).view(b, s, L_KV, L_HD))
+        v = lin(p + "self_attn.v_proj.weight", h).view(b, s, L_KV, L_HD)
         kv = torch.arange(L_HEADS) // (L_HEADS // L_KV)
         k, v = k[:, :, kv], v[:, :, kv]
         probs = torch.softmax((torch.einsum("bqhd,bkhd->bhqk", q, k) / L_HD ** 0.5).masked_fill(mask, float("-inf")), -1)
-        x = x + torch.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, L_HIDDEN) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + lin(p + "self_attn.o_proj.weight", torch.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, L_HIDDEN))
         h = rms(x, w[p + "post_attention_layernorm.weight"])
-        x = x + (torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)) \
-            @ w[p + "mlp.down_proj.weight"].T
+        x = x + lin(p + "mlp.down_proj.weight",
+                    torch.nn.functional.silu(lin(p + "mlp.gate_proj.weight", h)) * lin(p + "mlp.up_proj.weight", h))
     return rms(x, w["model.norm.weight"]) @ w["lm_head.weight"].T
 
 

@@ -1,0 +1,192 @@
+#pragma once
+// LoRA adapters on one stage model of the mesh trainer (loom::lora::adapter per adapted
+// projection of every block this rank holds), run as a merged weight:
+//
+//   before a step's passes   W_eff = W0 + scaling * B A     (W0: the frozen base, kept aside)
+//   the passes               the decoder as it is, reading W_eff; its backward gives
+//                            G = dL/dW_eff for every weight as it always does
+//   after them               dA = scaling * B^T G, dB = scaling * G A^T
+//                            (adapter::backward_from_weight_grad; the replicated factor
+//                            summed over the tensor group)
+//
+// Why merged: y = x W_eff^T is exactly the unmerged x W0^T + scaling * (x A^T) B^T, and the
+// gradients above are exactly the unmerged layer's (dL/dB = scaling G A^T, dL/dA = scaling
+// B^T G), so the decoder's layers run unchanged -- one forward for every configuration, no
+// LoRA branch inside attention or the MLP to keep in step -- and the base's weight gradient,
+// which the layers compute anyway, is what the adapters' gradients are made of. The price:
+// the adapted base weights are held twice (W0 and W_eff) and their weight gradient is
+// computed; and dropout cannot act on the LoRA branch alone, so lora_dropout must be 0 here
+// (the library's adapter::forward/backward has it, for a decoder with LoRA inside its layers).
+//
+// Layout: one unit per block of the stage (the blocks' adapters in the order of the config's
+// target modules), each padded to the data-parallel size, so ZeRO's engine partitions and
+// gathers the adapters unit by unit as it does the model's blocks. Shards name the full
+// tensors `layers.{i}.<tensor>.lora_A.weight` [r, in] / `.lora_B.weight` [out, r], <tensor>
+// the base's (attention.wq, feed_forward.w13, ...); B's row rectangles follow the base
+// weight's (fused q/k/v and gate/up are split by parts).
+
+#include "../model3d/llama3d.hpp"
+
+#include <loom/lora/adapter.hpp>
+#include <loom/lora/config.hpp>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace llama3d {
+
+/// The decoder tensor an HF module name adapts, and how tensor parallelism splits it.
+struct lora_target {
+  std::string tensor;  ///< e.g. "attention.wq"
+  loom::lora::split split;
+};
+/// Refuses a module the model does not have (a LLaMA module on ChatGLM, q_proj on fused q/k/v).
+inline lora_target lora_target_of(const llama::config& c, const std::string& m) {
+  using loom::lora::split;
+  const bool glm = c.model_type == "chatglm";
+  if (!glm && !c.fused_qkv && (m == "q_proj" || m == "k_proj" || m == "v_proj"))
+    return {std::string("attention.w") + m[0], split::column};
+  if (!glm && m == "o_proj") return {"attention.wo", split::row};
+  if (!glm && !c.fused_gate_up && m == "gate_proj") return {"feed_forward.w1", split::column};
+  if (!glm && !c.fused_gate_up && m == "up_proj") return {"feed_forward.w3", split::column};
+  if (!glm && m == "down_proj") return {"feed_forward.w2", split::row};
+  if (c.fused_qkv && m == "query_key_value") return {"attention.wqkv", split::column};
+  if (glm && m == "dense") return {"attention.wo", split::row};
+  if (c.fused_gate_up && m == "dense_h_to_4h") return {"feed_forward.w13", split::column};
+  if (glm && m == "dense_4h_to_h") return {"feed_forward.w2", split::row};
+  LOOM_THROW("lora: target module '", m, "' is not a layer of this ", c.model_type, " model (fused_qkv=", c.fused_qkv,
+             ", fused_gate_up=", c.fused_gate_up, ")");
+}
+
+/// The adapters of one stage model (see the file comment).
+template <loom::ops::param_type P, loom::ops::compute_type T>
+class stage_lora {
+ public:
+  struct item {
+    index_t layer = 0;
+    std::string name;  ///< layers.{i}.<tensor>
+    loom::lora::adapter<T> ad;
+    std::size_t unit = 0;
+    std::size_t base_offset = 0;  ///< the base weight's first element in the model's flat buffer
+    std::size_t frozen_offset = 0;
+    index_t rows = 0, cols = 0;   ///< the base weight's local shape
+  };
+
+  /// For the stage model with layout `base`, shards `base_shards` and blocks [range); units
+  /// padded to pad_to (the data-parallel size).
+  stage_lora(const loom::lora::config& lc, const llama::config& c, const loom::nn::param_layout& base,
+             const tp::shard_list& base_shards, stage_range range, tp::tp_rank t, std::size_t pad_to = 1)
+      : cfg_((lc.validate(), lc)), scaling_(static_cast<T>(lc.scaling())) {
+    LOOM_CHECK(lc.lora_dropout == 0.0, "lora: the mesh trainer runs adapters merged into the base weights, where dropout "
+               "cannot act on the LoRA branch alone; lora_dropout must be 0, got lora_dropout=", lc.lora_dropout);
+    std::size_t frozen = 0;
+    for (index_t l = range.first; l < range.last; ++l) {
+      const std::size_t u = layout_.begin_unit(pad_to);
+      for (const std::string& m : lc.target_modules) {
+        const lora_target tg = lora_target_of(c, m);
+        if ((tg.tensor == "attention.wk" || tg.tensor == "attention.wv" || tg.tensor == "attention.wqkv") && t.size > c.n_kv_heads)
+          LOOM_THROW("lora: target module '", m, "' with n_kv_heads (", c.n_kv_heads, ") < tp (", t.size,
+                     "): replicated key/value heads are not supported for adapters");
+        item it;
+        it.layer = l, it.name = "layers." + std::to_string(l) + "." + tg.tensor, it.unit = u;
+        const std::string wname = it.name + ".weight";
+        const auto& info = base.find(wname);
+        it.rows = info.shape[0], it.cols = info.shape[1];
+        it.base_offset = info.offset;
+        it.frozen_offset = frozen;
+        frozen += static_cast<std::size_t>(it.rows * it.cols);
+        // full [out, in] of the base weight, from its shards
+        index_t full_out = 0, full_in = 0;
+        for (const auto& s : base_shards)
+          if (s.name == wname) full_out = s.full_rows, full_in = s.full_cols;
+        it.ad = loom::lora::adapter<T>(layout_, it.name, full_in, full_out, lc.r, tg.split, t);
+        LOOM_CHECK(it.ad.out_features() == it.rows && it.ad.in_features() == it.cols, "lora: ", wname, " is [", it.rows,
+                   ", ", it.cols, "] on this rank, the adapter's split gives [", it.ad.out_features(), ", ",
+                   it.ad.in_features(), "]");
+        record_shards(it, base_shards, wname, t);
+        items_.push_back(std::move(it));
+      }
+    }
+    frozen_size_ = frozen;
+  }
+
+  const loom::lora::config& config() const noexcept { return cfg_; }
+  const loom::nn::param_layout& layout() const noexcept { return layout_; }
+  const tp::shard_list& shards() const noexcept { return shards_; }
+  const std::vector<item>& items() const noexcept { return items_; }
+  std::size_t units() const noexcept { return layout_.units(); }
+  std::size_t frozen_size() const noexcept { return frozen_size_; }
+
+  /// A from the counter RNG (kaiming-uniform, at each element's index in the full tensor:
+  /// the same adapters on every mesh), B zero; `lora` is this stage's flat buffer.
+  void init(std::span<P> lora, std::uint64_t seed) const {
+    for (const item& it : items_) {
+      // each (layer, tensor) its own stretch of the RNG's stream: a 32-bit FNV-1a of its name
+      std::uint64_t key = 2166136261u;
+      for (const char ch : it.name) key = ((key ^ static_cast<unsigned char>(ch)) * 16777619u) & 0xffffffffu;
+      it.ad.init(layout_.unit(lora, it.unit), seed, key << 31);
+    }
+  }
+  /// Keeps the adapted base weights of `base` (the model's parameters) aside: the frozen W0.
+  void capture(std::span<const P> base, std::span<P> frozen) const {
+    for (const item& it : items_)
+      std::copy_n(base.begin() + static_cast<std::ptrdiff_t>(it.base_offset), it.rows * it.cols,
+                  frozen.begin() + static_cast<std::ptrdiff_t>(it.frozen_offset));
+  }
+  /// The base weights of unit u's adapters in `base` := W0 + scaling * B A.
+  void merge(std::size_t u, std::span<const P> unit_params, std::span<const P> frozen, std::span<P> base) const {
+    for (const item& it : items_) {
+      if (it.unit != u) continue;
+      auto w = base.subspan(it.base_offset, static_cast<std::size_t>(it.rows * it.cols));
+      std::copy_n(frozen.begin() + static_cast<std::ptrdiff_t>(it.frozen_offset), w.size(), w.begin());
+      it.ad.merge(w, loom::nn::param_slot<2>{0, {it.rows, it.cols}}, unit_params, static_cast<double>(scaling_));
+    }
+  }
+  /// Unit u's adapter gradients (added into unit_grads) from the model's weight gradients.
+  template <loom::comm::communicator C>
+  void backward(C& tp_comm, std::size_t u, std::span<P> unit_params, std::span<T> unit_grads, std::span<const T> base_grads,
+                loom::nn::workspace<T>& ws) const {
+    for (const item& it : items_) {
+      if (it.unit != u) continue;
+      ws.reset();
+      it.ad.backward_from_weight_grad(tp_comm, unit_params, unit_grads,
+                                      loom::make_view(base_grads.data() + it.base_offset, it.rows, it.cols), ws, scaling_);
+    }
+  }
+
+ private:
+  // A: replicated on a column split (replica = tp rank), split by columns on a row split; B:
+  // the base weight's row rectangles (fused tensors: one per part), r columns each.
+  void record_shards(const item& it, const tp::shard_list& base_shards, const std::string& wname, tp::tp_rank t) {
+    const std::size_t ub = layout_.unit_begin(it.unit);
+    const auto& a = it.ad.a();
+    const bool column = it.ad.parallel() == loom::lora::split::column;
+    shards_.push_back({it.name + ".lora_A.weight", ub + a.offset, a.shape[0], a.shape[1], a.shape[0],
+                       column ? a.shape[1] : a.shape[1] * t.size, 0, it.ad.first_input(), column ? t.rank : 0});
+    const auto& b = it.ad.b();
+    for (const auto& s : base_shards) {
+      if (s.name != wname) continue;
+      const auto local_row = static_cast<index_t>((s.local_offset - it.base_offset) / static_cast<std::size_t>(it.cols));
+      shards_.push_back({it.name + ".lora_B.weight", ub + b.offset + static_cast<std::size_t>(local_row * b.shape[1]), s.rows,
+                         b.shape[1], s.full_rows, b.shape[1], s.row0, 0, column ? s.replica : t.rank});
+    }
+  }
+
+  loom::lora::config cfg_;
+  T scaling_;
+  loom::nn::param_layout layout_;
+  tp::shard_list shards_;
+  std::vector<item> items_;
+  std::size_t frozen_size_ = 0;
+};
+
+/// The adapters of the single-rank model (tp = 1, pp = 1): the layout whose offsets name
+/// where each full LoRA tensor lives when a mesh's shards are consolidated.
+inline loom::nn::param_layout lora_full_layout(const loom::lora::config& lc, const llama::config& c) {
+  const stage_layers<float> base(c, {}, split_layers(c.n_layers, 1, 0), true, true);
+  return stage_lora<float, float>(lc, c, base.layout, base.shards, split_layers(c.n_layers, 1, 0), {}).layout();
+}
+
+}  // namespace llama3d
