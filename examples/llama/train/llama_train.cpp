@@ -31,6 +31,7 @@ const char* usage =
     "                   [--init-from HF_FOLDER] [--save DIR [--save-every N] [--keep-last K] [--export-hf OUT]] [--resume DIR]\n"
     "                   [--lora-r N [--lora-alpha A] [--lora-dropout 0] [--lora-targets q_proj,v_proj] [--rslora]\n"
     "                    [--lora-from PEFT_DIR] [--export-lora PEFT_DIR]]\n"
+    "                   [--group NAME=GLOB[,GLOB][@FIRST:LAST]]... [--unfreeze UNTIL:G[+G],...] [--group-lr NAME=LR] [--group-wd NAME=WD]\n"
     "  Ranks: dp x tp x pp threads (--ranks N: --dp N), or the processes of `mpirun -np dp*tp*pp`.\n"
     "  A config's ZeRO stage, batch (micro batch x accumulation), precision (fp16: its loss scaler), optimizer,\n"
     "  scheduler and clipping win over the flags; its \"auto\" values take them. bf16 / fp16 store parameters in that\n"
@@ -44,7 +45,10 @@ const char* usage =
     "  LLaMA or ChatGLM2/3 folder (its config.json gives the model's shape; each rank reads only its slices).\n"
     "  --lora-*: LoRA adapters (PEFT's semantics: scaling alpha / r, or alpha / sqrt(r) with --rslora) on a frozen base;\n"
     "  targets by HF names (LLaMA q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; ChatGLM query_key_value dense\n"
-    "  dense_h_to_4h dense_4h_to_h); --export-lora writes adapter_config.json + adapter_model.safetensors for PEFT.\n";
+    "  dense_h_to_4h dense_4h_to_h); --export-lora writes adapter_config.json + adapter_model.safetensors for PEFT.\n"
+    "  --group: a parameter group by HF names (model.layers.3.self_attn.q_proj.weight; LoRA factors ...q_proj.lora_A.weight)\n"
+    "  and layers [FIRST, LAST) (negative: from the end); the rest is group base. --unfreeze: phases by fraction of --steps,\n"
+    "  e.g. 0.3:lora,0.7:lora+top,1:lora+top+base. --group-lr: a group's lr (it follows the lr schedule's ratio).\n";
 
 using examples::cli::bad_args;
 using examples::cli::number;
@@ -122,6 +126,10 @@ llama_train::options parse(int argc, char** argv, bool& help) {
     else if (a == "--batch") o.batch = at_least<std::int64_t>(a, value(), 1);
     else if (a == "--grad-accum" || a == "--micro-batches") o.grad_accum = at_least<std::int64_t>(a, value(), 1);
     else if (a == "--print-every") o.print_every = at_least<std::int64_t>(a, value(), 1);
+    else if (a == "--group") o.groups.groups.push_back(llama_train::parse_group(value()));
+    else if (a == "--unfreeze") o.groups.phases = llama_train::parse_unfreeze(value());
+    else if (a == "--group-lr") o.group_lr.push_back(llama_train::parse_group_value(a, value()));
+    else if (a == "--group-wd") o.group_wd.push_back(llama_train::parse_group_value(a, value()));
     else if (a == "--lora-r") lora().r = at_least<loom::index_t>(a, value(), 1);
     else if (a == "--lora-alpha") lora().lora_alpha = number<double>(a, value());
     else if (a == "--lora-dropout") lora().lora_dropout = number<double>(a, value());

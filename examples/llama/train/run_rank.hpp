@@ -52,6 +52,9 @@ inline llama3d::train_options trainer_options(const options& o, const loom::io::
   t.checkpointing = o.checkpointing || c.activation_checkpointing.enabled;
   t.loss_scaler = loom::zero::loss_scaler_from(c);
   t.lora = o.lora;
+  t.groups = c.groups;
+  t.total_steps = o.steps;
+  t.group_name = [model = o.model](const std::string& n) { return group_name(model, n); };
   return t;
 }
 
@@ -212,8 +215,19 @@ train_result run_rank(C& comm, const options& o, const loom::io::ds_config& c, s
     if (log) *log << "saved checkpoint " << res.checkpoint << " at step " << t.steps() << std::endl;
   };
   const double tokens = double(to.mesh.dp) * to.micro_batches * double(to.micro_batch_size * to.seq);
+  std::vector<bool> training;  // the groups that trained at the last step
   for (std::int64_t s = t.steps() + 1; s <= o.steps; ++s) {
     if (examples::inject_fault(rank, s - 1)) return res;  // test hook (LOOM_FAULT_INJECT)
+    if (t.options().grouped() && log) {  // at each phase change: which groups train from here
+      const auto on = t.trainable_now();
+      if (on != training) {
+        std::string names, frozen;
+        for (std::size_t g = 0; g < on.size(); ++g) (on[g] ? names : frozen) += " " + t.groups().groups[g].name;
+        *log << "step " << s << "/" << o.steps << ": training groups" << (names.empty() ? " (none)" : names)
+             << (frozen.empty() ? "" : "; frozen" + frozen) << std::endl;
+        training = on;
+      }
+    }
     const float lr = sched.lr(t.steps());                   // a skipped step does not advance the schedule (DeepSpeed)
     t.set_lr(lr);
     const auto st = t.step(std::ref(data));

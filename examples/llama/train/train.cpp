@@ -9,8 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <exception>
 #include <memory>
 #ifdef LOOM_HAS_MPI
@@ -46,11 +48,98 @@ loom::io::ds_config resolve_config(const options& o) {
   LOOM_CHECK(c.zero.offload_param.device == loom::io::offload_device::none ||
                  c.zero.offload_param.device == loom::io::offload_device::cpu,
              "llama-train: zero_optimization.offload_param: only device \"cpu\" (or \"none\") is supported");
-  // parsed and checked by the library (optim/param_groups.hpp), but the trainer does not yet
-  // split its optimizer by group: refusing beats training every parameter at one rate
-  LOOM_CHECK(c.groups.groups.empty() && c.groups.phases.empty(), "llama-train: \"param_groups\" / \"progressive_unfreezing\" in ",
-             o.config_path, " are not applied by this trainer yet; remove them");
+  // parameter groups: the flags' or the config's, then the flags' per-group values
+  const bool flag_groups = !o.groups.groups.empty() || !o.groups.phases.empty();
+  LOOM_CHECK(!flag_groups || (c.groups.groups.empty() && c.groups.phases.empty()), "llama-train: --group / --unfreeze and the "
+             "config's \"param_groups\" / \"progressive_unfreezing\" (", o.config_path, ") both give groups; give them in one place");
+  if (flag_groups) c.groups = o.groups;
+  for (const auto* values : {&o.group_lr, &o.group_wd})
+    for (const auto& [name, v] : *values) {
+      if (name == loom::optim::base_group && !loom::optim::detail::has_group(c.groups, name))
+        c.groups.groups.push_back({name, {}, {}, {}, {}, {}});
+      auto it = std::find_if(c.groups.groups.begin(), c.groups.groups.end(), [&](const auto& g) { return g.name == name; });
+      LOOM_CHECK(it != c.groups.groups.end(), "llama-train: ", values == &o.group_lr ? "--group-lr" : "--group-wd", " names group \"",
+                 name, "\", which no --group or param_groups defines");
+      (values == &o.group_lr ? it->lr : it->weight_decay) = v;
+    }
+  if (!c.groups.groups.empty() || !c.groups.phases.empty()) loom::optim::check(c.groups);
   return c;
+}
+
+loom::optim::param_group parse_group(const std::string& spec) {
+  const auto eq = spec.find('=');
+  LOOM_CHECK(eq != std::string::npos && eq > 0, "llama-train: --group '", spec.substr(0, 64), "' is not NAME=GLOB[,GLOB...][@FIRST:LAST]");
+  loom::optim::param_group g;
+  g.name = spec.substr(0, eq);
+  std::string globs = spec.substr(eq + 1);
+  if (const auto at = globs.find('@'); at != std::string::npos) {
+    const std::string range = globs.substr(at + 1);
+    globs.resize(at);
+    const auto colon = range.find(':');
+    LOOM_CHECK(colon != std::string::npos, "llama-train: --group ", g.name, ": layer range '", range.substr(0, 64), "' is not FIRST:LAST");
+    const auto bound = [&](const std::string& v) -> std::optional<std::int64_t> {
+      if (v.empty()) return std::nullopt;
+      std::size_t used = 0;
+      std::int64_t x = 0;
+      try {
+        x = std::stoll(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      LOOM_CHECK(used == v.size() && used > 0, "llama-train: --group ", g.name, ": layer bound '", v.substr(0, 32), "' is not an integer");
+      return x;
+    };
+    g.first_layer = bound(range.substr(0, colon)), g.last_layer = bound(range.substr(colon + 1));
+  }
+  std::stringstream ss(globs);
+  for (std::string p; std::getline(ss, p, ',');)
+    if (!p.empty()) g.patterns.push_back(p);
+  return g;
+}
+
+std::vector<loom::optim::unfreeze_phase> parse_unfreeze(const std::string& spec) {
+  std::vector<loom::optim::unfreeze_phase> out;
+  std::stringstream ss(spec);
+  for (std::string ph; std::getline(ss, ph, ',');) {
+    const auto colon = ph.find(':');
+    loom::optim::unfreeze_phase p;
+    std::size_t used = 0;
+    try {
+      p.until = std::stod(ph.substr(0, colon), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    LOOM_CHECK(colon != std::string::npos && used == colon && used > 0, "llama-train: --unfreeze phase '", ph.substr(0, 64),
+               "' is not UNTIL:GROUP[+GROUP...] (e.g. 0.3:lora)");
+    std::stringstream gs(ph.substr(colon + 1));
+    for (std::string n; std::getline(gs, n, '+');)
+      if (!n.empty()) p.trainable.push_back(n);
+    out.push_back(std::move(p));
+  }
+  LOOM_CHECK(!out.empty(), "llama-train: --unfreeze '", spec.substr(0, 64), "' gives no phase");
+  return out;
+}
+
+std::pair<std::string, float> parse_group_value(const std::string& flag, const std::string& spec) {
+  const auto eq = spec.find('=');
+  std::size_t used = 0;
+  float v = 0.f;
+  try {
+    v = std::stof(spec.substr(eq == std::string::npos ? spec.size() : eq + 1), &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  LOOM_CHECK(eq != std::string::npos && eq > 0 && used > 0 && eq + 1 + used == spec.size(), "llama-train: ", flag, " '",
+             spec.substr(0, 64), "' is not NAME=NUMBER");
+  return {spec.substr(0, eq), v};
+}
+
+std::string group_name(const llama::config& c, const std::string& n) {
+  const auto hf = [&](const std::string& meta) { return c.model_type == "chatglm" ? llama::detail::chatglm_name(meta) : llama::detail::hf_name(meta); };
+  const auto lora = n.find(".lora_");
+  if (lora == std::string::npos) return hf(n);
+  const std::string base = hf(n.substr(0, lora) + ".weight");  // model.layers.3.self_attn.q_proj.weight
+  return base.substr(0, base.size() - 7) + n.substr(lora);
 }
 
 std::string progress_line(const step_record& r, std::int64_t total, bool show_scale) {

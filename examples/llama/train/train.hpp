@@ -14,6 +14,7 @@
 #include <loom/core/dtype.hpp>
 #include <loom/io/ds_config.hpp>
 #include <loom/lora/config.hpp>
+#include <loom/optim/param_groups.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -66,7 +67,23 @@ struct options {
   std::optional<loom::lora::config> lora;
   std::string lora_from;    ///< a PEFT adapter folder to start the adapters from
   std::string export_lora;  ///< after the last step: the adapters as a PEFT folder
+  /// Parameter groups and progressive unfreezing by flags (--group, --unfreeze), else the
+  /// config's "param_groups" / "progressive_unfreezing" (not both); --group-lr / --group-wd
+  /// set a group's lr / weight_decay (of either source; "base" included).
+  loom::optim::param_groups groups;
+  std::vector<std::pair<std::string, float>> group_lr, group_wd;
 };
+
+/// --group NAME=GLOB[,GLOB...][@FIRST:LAST] (either bound may be empty; negative: from the end).
+loom::optim::param_group parse_group(const std::string& spec);
+/// --unfreeze UNTIL:GROUP[+GROUP...][,UNTIL:...], e.g. "0.3:lora,0.7:lora+top,1:lora+top+base".
+std::vector<loom::optim::unfreeze_phase> parse_unfreeze(const std::string& spec);
+/// --group-lr / --group-wd NAME=VALUE.
+std::pair<std::string, float> parse_group_value(const std::string& flag, const std::string& spec);
+/// The name the groups' globs match for a tensor of loom's name: HF's (model.layers.3.self_attn.q_proj.weight,
+/// ChatGLM's transformer.encoder...), and for a LoRA factor PEFT's without its base_model.model. prefix
+/// (model.layers.3.self_attn.q_proj.lora_A.weight).
+std::string group_name(const llama::config& c, const std::string& loom_name);
 
 struct step_record {
   std::int64_t step = 0;  ///< 1-based

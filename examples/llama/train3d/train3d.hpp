@@ -42,6 +42,22 @@
 // merges (W_eff = W0 + scaling B A, the adapters acquired unit by unit in the engine's trace),
 // runs the schedule, turns the adapted weights' gradients into the adapters' (the trace's
 // backward half), then reduces, clips and applies as above. docs/lora.md.
+//
+// Parameter groups (train_options::groups): every tensor of a chunk (LoRA: every adapter
+// factor) is an element range of its engine's layout with the group group_of() gives its name
+// (train_options::group_name). Before each step the schedule's trainable_at(step, total_steps)
+// says which groups train; the engine steps each range with its group's AdamW settings and
+// step count and skips a frozen group's (zero::engine::set_groups), on each rank its own
+// slices, so ZeRO holds. A group's lr follows the run's schedule: at a step where the
+// schedule gives lr(t) for the configured lr0, the group steps with lr_g * lr(t) / lr0 (its
+// rate replaces lr0 and keeps warmup and decay); its weight_decay replaces the run's. A
+// group's Adam step count starts when it first trains (bias correction per group: its first
+// update has the size of a fresh optimizer's). Its moments are allocated with the rest of
+// the engine's flat state and stay zero until then: one buffer per stage is what lets a rank
+// step and gather its slices with one offset, and the memory that matters -- a base that never
+// trains -- is kept out of the engine altogether by LoRA. Frozen groups are left out of the
+// gradient norm (clipping sees what trains). Under LoRA only the adapters are grouped; a
+// phase that would train a base group is refused (the base is not in an engine).
 
 #include "lora3d.hpp"
 
@@ -52,6 +68,7 @@
 #include <loom/comm/mesh.hpp>
 #include <loom/core/buffer.hpp>
 #include <loom/core/memory.hpp>
+#include <loom/optim/param_groups.hpp>
 #include <loom/pipeline/executor.hpp>
 #include <loom/pipeline/schedule.hpp>
 #include <loom/sched/all_gather_plan.hpp>
@@ -98,6 +115,14 @@ struct train_options {
   loom::amp::any_loss_scaler loss_scaler{loom::amp::static_loss_scaler(1.f)};
   /// LoRA adapters on a frozen base (PEFT's fields; lora_dropout must be 0 here, lora3d.hpp)
   std::optional<loom::lora::config> lora;
+  /// Parameter groups and progressive unfreezing (optim/param_groups.hpp; see "Parameter
+  /// groups" below). No groups and no phases: one group, every parameter trains every step.
+  loom::optim::param_groups groups;
+  /// The run's optimizer steps: the unfreezing phases are fractions of it (needed with phases).
+  std::int64_t total_steps = 0;
+  /// The name a group's globs match for a tensor of loom's name (layers.3.attention.wq.weight,
+  /// layers.3.attention.wq.lora_A.weight); unset: loom's name. llama-train gives HF's / PEFT's.
+  std::function<std::string(const std::string&)> group_name;
 
   void validate() const {
     LOOM_CHECK(zero_stage >= 0 && zero_stage <= 3, "llama3d: zero_stage must be 0, 1, 2 or 3, got zero_stage=", zero_stage);
@@ -107,7 +132,11 @@ struct train_options {
     LOOM_CHECK(micro_batches >= 1, "llama3d: micro_batches must be >= 1, got ", micro_batches);
     LOOM_CHECK(micro_batch_size >= 1 && seq >= 1, "llama3d: micro_batch_size=", micro_batch_size, " seq=", seq);
     LOOM_CHECK(gradient_clipping >= 0.f, "llama3d: gradient_clipping must be >= 0, got ", gradient_clipping);
+    LOOM_CHECK(groups.phases.empty() || total_steps >= 1, "llama3d: progressive_unfreezing needs total_steps >= 1 (the run's "
+               "length the phases are fractions of), got total_steps=", total_steps);
   }
+  /// Whether the optimizer is split by parameter groups.
+  bool grouped() const noexcept { return !groups.groups.empty() || !groups.phases.empty(); }
 };
 
 /// The synthetic corpus of the tests and the demo: each row counts with a stride from a
@@ -150,13 +179,16 @@ class trainer {
     }
     void release(std::size_t unit) override { engine->release_layer(unit); }
   };
+  struct counted_range {
+    std::size_t offset, numel, group;
+  };
   // One model chunk of this rank (virtual stage chunk * pp + stage) with its ZeRO engine.
   struct chunk_state {
     std::unique_ptr<stage_model<P, T, C>> model;
     std::unique_ptr<engine_t> zero;
     engine_source source;
     std::vector<loom::sched::trace_step> train_trace;
-    std::vector<std::pair<std::size_t, std::size_t>> counted;  // canonical (offset, numel): norm
+    std::vector<counted_range> counted;  // canonical ranges: the norm
     std::unique_ptr<stage_lora<P, T>> lora;  // LoRA: the adapters (the engine's layout) ...
     loom::buffer<P> frozen;                  // ... and the adapted base weights as they were (W0)
   };
@@ -174,7 +206,8 @@ class trainer {
         exec_(sched_, mesh_.pp(), static_cast<std::size_t>(opt.micro_batch_size * opt.seq * cfg.dim), mr),
         dp_(static_cast<std::size_t>(opt.mesh.dp)), rank_(static_cast<std::size_t>(mesh_.coord().dp)),
         tokens_(static_cast<std::size_t>(opt.micro_batch_size * opt.seq), mr),
-        targets_(static_cast<std::size_t>(opt.micro_batch_size * opt.seq), mr) {
+        targets_(static_cast<std::size_t>(opt.micro_batch_size * opt.seq), mr), base_lr_(opt.adamw.lr), n_layers_(cfg.n_layers) {
+    if (opt.grouped()) loom::optim::check(opt_.groups);  // appends `base`
     const int p = opt.mesh.pp, v = sched_.chunks;
     loom::zero::engine_options eo;
     eo.adamw = opt.adamw;
@@ -208,8 +241,7 @@ class trainer {
         ck->source.engine = ck->zero.get();
         m.set_param_source(&ck->source);
       }
-      for (const auto& sh : m.shards())
-        if (sh.replica == 0) ck->counted.push_back({sh.local_offset, static_cast<std::size_t>(sh.rows * sh.cols)});
+      use_groups(*ck, m.shards());
       chunks_.push_back(std::move(ck));
     }
   }
@@ -241,6 +273,15 @@ class trainer {
     return global_loss(run.loss);
   }
 
+  /// The parameter groups as checked (with `base`); empty without groups.
+  const loom::optim::param_groups& groups() const noexcept { return opt_.groups; }
+  /// Which groups train at the next step (trainable_at at steps()); one flag per group.
+  std::vector<bool> trainable_now() const { return trainable_at(step_); }
+  /// The group of the tensor (or LoRA factor) of loom's name `name`.
+  std::size_t group_of(const std::string& name) const {
+    return loom::optim::group_of(opt_.groups, opt_.group_name ? opt_.group_name(name) : name, n_layers_);
+  }
+
   /// The learning rate of the next step (a schedule sets it before each step).
   void set_lr(float lr) {
     opt_.adamw.lr = lr;
@@ -255,6 +296,12 @@ class trainer {
     LOOM_CHECK(steps >= 0, "llama3d::trainer::restore: steps must be >= 0, got steps=", steps);
     for (auto& ck : chunks_) ck->zero->restore(steps);
     step_ = steps;
+    // each group's AdamW t: the steps the schedule let it train before `steps`
+    for (std::size_t g = 0; opt_.grouped() && g < opt_.groups.groups.size(); ++g) {
+      std::int64_t t = 0;
+      for (std::int64_t s = 0; s < steps; ++s) t += trainable_at(s)[g] ? 1 : 0;
+      for (auto& ck : chunks_) ck->zero->set_group_steps(g, t);
+    }
   }
   /// The ZeRO engine of model chunk c (its layout has one entry per unit of the chunk).
   engine_t& engine(int c = 0) noexcept { return *chunks_[static_cast<std::size_t>(c)]->zero; }
@@ -269,6 +316,14 @@ class trainer {
     const float loss_scale = loom::amp::scale_of(opt_.loss_scaler);
     st.loss_scale = loss_scale;
     for (auto& ck : chunks_) ck->model->zero_grad();  // the engine's accumulation buffer (LoRA: the model's own)
+    const std::vector<bool> on = opt_.grouped() ? trainable_now() : std::vector<bool>{};
+    for (std::size_t g = 0; g < on.size(); ++g) {
+      const auto& x = opt_.groups.groups[g];
+      loom::zero::adamw_config c = opt_.adamw;
+      if (x.lr) c.lr = *x.lr * (base_lr_ > 0.f ? opt_.adamw.lr / base_lr_ : 1.f);
+      if (x.weight_decay) c.weight_decay = *x.weight_decay;
+      for (auto& ck : chunks_) ck->zero->set_group(g, c, on[g]);
+    }
     lora_merge();
     // 1. the pipeline schedule, run by the executor through the stage adapter
     const auto tp0 = clock::now();
@@ -293,7 +348,8 @@ class trainer {
       // 3. gradients over dp, 4. the squares this rank counts in the global norm
       ck->zero->reduce_accumulated();
       ck->zero->for_each_gradient_slice([&](std::size_t lo, std::span<const T> g) {
-        for (const auto& [off, n] : ck->counted) {
+        for (const auto& [off, n, grp] : ck->counted) {
+          if (!on.empty() && !on[grp]) continue;
           const std::size_t b0 = std::max(off, lo), b1 = std::min(off + n, lo + g.size());
           for (std::size_t i = b0; i < b1; ++i) sq += double(g[i - lo]) * double(g[i - lo]);
         }
@@ -414,10 +470,39 @@ class trainer {
           for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(init[L.unit_begin(u) + first + i]);
         },
         ck->train_trace);
-    for (const auto& sh : lo.shards())
-      if (sh.replica == 0) ck->counted.push_back({sh.local_offset, static_cast<std::size_t>(sh.rows * sh.cols)});
+    use_groups(*ck, lo.shards());
+    // the base is in no engine: a phase that trains a group of base tensors cannot be run
+    for (const auto& sh : m.shards()) {
+      if (!opt_.grouped() || opt_.groups.phases.empty()) break;
+      const std::size_t g = group_of(sh.name);
+      LOOM_CHECK(!ever_trains(g), "llama3d: with LoRA the base is frozen, but progressive_unfreezing trains group \"",
+                 opt_.groups.groups[g].name, "\", which holds base tensor '", sh.name,
+                 "'; unfreezing base tensors under LoRA is not supported (train them without LoRA)");
+    }
     return ck;
   }
+  // The chunk's canonical ranges for the norm and, with groups, each tensor's range as its
+  // group's in the engine (the shards tile the chunk's tensors in its layout).
+  void use_groups(chunk_state& ck, const tp::shard_list& shards) {
+    std::vector<loom::zero::group_range> ranges;
+    for (const auto& sh : shards) {
+      const auto n = static_cast<std::size_t>(sh.rows * sh.cols);
+      const std::size_t g = opt_.grouped() ? group_of(sh.name) : 0;
+      if (sh.replica == 0) ck.counted.push_back({sh.local_offset, n, g});
+      ranges.push_back({sh.local_offset, sh.local_offset + n, g});
+    }
+    if (opt_.grouped()) ck.zero->set_groups(std::move(ranges), opt_.groups.groups.size());
+  }
+  std::vector<bool> trainable_at(std::int64_t step) const {
+    return loom::optim::trainable_at(opt_.groups, step, std::max<std::int64_t>(opt_.total_steps, 1));
+  }
+  bool ever_trains(std::size_t g) const {
+    for (const auto& ph : opt_.groups.phases)
+      for (const auto& n : ph.trainable)
+        if (n == opt_.groups.groups[g].name) return true;
+    return false;
+  }
+
   // A LoRA step's use of the adapters' units: merge (forward, in order), then (training) the
   // gradients (backward, in reverse).
   static std::vector<loom::sched::trace_step> lora_trace(const stage_lora<P, T>& lo, bool training) {
@@ -532,6 +617,8 @@ class trainer {
   loom::buffer<std::int32_t> tokens_, targets_;
   std::vector<std::unique_ptr<chunk_state>> chunks_;
   std::int64_t step_ = 0;
+  float base_lr_;  // the configured lr (the schedule's lr0): a group's lr scales by lr(t) / lr0
+  std::int64_t n_layers_;  // the whole model's (group layer ranges count from its end)
 };
 
 }  // namespace llama3d

@@ -38,6 +38,10 @@ class any_engine {
   virtual void for_each_gradient_slice(const std::function<void(std::size_t, std::span<const G>)>& fn) const = 0;
   virtual void apply(float scale) = 0;
   virtual void set_lr(float lr) = 0;
+  virtual void set_groups(std::vector<group_range> ranges, std::size_t groups) = 0;
+  virtual void set_group(std::size_t g, const adamw_config& c, bool trainable) = 0;
+  virtual std::int64_t group_steps(std::size_t g) const = 0;
+  virtual void set_group_steps(std::size_t g, std::int64_t steps) = 0;
   virtual std::vector<float> gather_master() = 0;
   virtual void for_each_state_slice(
       const std::function<void(std::size_t, std::span<float>, std::span<float>, std::span<float>)>& fn) = 0;
@@ -67,6 +71,10 @@ class engine_of final : public any_engine<T, C, G> {
   }
   void apply(float scale) override { e_.apply(scale); }
   void set_lr(float lr) override { e_.set_lr(lr); }
+  void set_groups(std::vector<group_range> ranges, std::size_t groups) override { e_.set_groups(std::move(ranges), groups); }
+  void set_group(std::size_t g, const adamw_config& c, bool trainable) override { e_.set_group(g, c, trainable); }
+  std::int64_t group_steps(std::size_t g) const override { return e_.group_steps(g); }
+  void set_group_steps(std::size_t g, std::int64_t steps) override { e_.set_group_steps(g, steps); }
   std::vector<float> gather_master() override { return e_.gather_master(); }
   void for_each_state_slice(
       const std::function<void(std::size_t, std::span<float>, std::span<float>, std::span<float>)>& fn) override {

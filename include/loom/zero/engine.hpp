@@ -99,6 +99,12 @@ struct state_bytes {
   std::size_t optimizer = 0;   ///< master + moments, wherever they live
 };
 
+/// An element range [begin, end) of an engine's full (padded) layout that belongs to optimizer
+/// group `group` (engine::set_groups).
+struct group_range {
+  std::size_t begin = 0, end = 0, group = 0;
+};
+
 template <stage_policy Stage, floating_element T, comm::communicator C, floating_element G = T>
 class engine {
  public:
@@ -311,11 +317,15 @@ class engine {
 
   /// AdamW on this rank's master weights with gradient x `scale` (the driver's mean, loss
   /// scale and clipping folded in), then the parameters every rank uses are refreshed.
+  /// With optimizer groups (set_groups), each group's elements step with its own settings and
+  /// step count, and a frozen group's are not touched.
   void apply(float scale) {
     const auto& sz = layout_.sizes();
     ++step_;
     std::span<float> master = state_->master(), m = state_->exp_avg(), v = state_->exp_avg_sq();
-    if constexpr (Stage::shards_optimizer::value && !Stage::shards_gradients::value) {
+    if (!ranges_.empty()) {
+      apply_grouped(scale);
+    } else if constexpr (Stage::shards_optimizer::value && !Stage::shards_gradients::value) {
       // stage 1: gradients are full (all-reduced); this rank steps its slice of each parameter
       for (std::size_t p = 0; p < sz.params(); ++p) {
         const std::size_t s = sz.shard_numel(p), so = sz.shard_offset(p);
@@ -327,6 +337,36 @@ class engine {
     }
     refresh_parameters();
   }
+
+  // ---- optimizer groups (parameter groups, frozen parts) --------------------------------
+  /// Element ranges with settings of their own: each group steps with its own AdamW settings
+  /// and its own step count t (bias correction from the group's first step, so a group that
+  /// starts training late takes a first step of the size a fresh optimizer would), or not at
+  /// all while it is frozen: its master, moments and parameters stay bit for bit as they are.
+  /// Ranges below a unit's granularity are what lets one layer (one engine entry) hold
+  /// tensors of several groups. Elements in no range step with the engine's own settings.
+  /// Every group starts trainable with the engine's settings (set_group changes that).
+  void set_groups(std::vector<group_range> ranges, std::size_t groups) {
+    std::sort(ranges.begin(), ranges.end(), [](const group_range& a, const group_range& b) { return a.begin < b.begin; });
+    for (std::size_t i = 0; i < ranges.size(); ++i) {
+      LOOM_CHECK(ranges[i].begin < ranges[i].end && ranges[i].end <= layout_.sizes().padded_total() && ranges[i].group < groups,
+                 "zero::engine::set_groups: range ", i, " [", ranges[i].begin, ", ", ranges[i].end, ") of group ", ranges[i].group,
+                 " is empty, past the layout's ", layout_.sizes().padded_total(), " elements or past groups=", groups);
+      LOOM_CHECK(i == 0 || ranges[i - 1].end <= ranges[i].begin, "zero::engine::set_groups: ranges [", ranges[i - 1].begin, ", ",
+                 ranges[i - 1].end, ") and [", ranges[i].begin, ", ", ranges[i].end, ") overlap");
+    }
+    ranges_ = std::move(ranges);
+    groups_.assign(groups, group_settings{opt_.adamw, true, 0});
+  }
+  /// Group g's AdamW settings and whether it trains at the next apply().
+  void set_group(std::size_t g, const adamw_config& c, bool trainable) {
+    LOOM_CHECK(g < groups_.size(), "zero::engine::set_group: group ", g, " out of range (", groups_.size(), " groups)");
+    LOOM_CHECK(std::isfinite(c.lr) && c.lr >= 0.f, "zero::engine::set_group: group ", g, " lr must be finite and >= 0, got ", c.lr);
+    groups_[g].adamw = c, groups_[g].trainable = trainable;
+  }
+  /// Steps group g has taken (its AdamW t); after a restore, set by the driver.
+  std::int64_t group_steps(std::size_t g) const { return groups_.at(g).steps; }
+  void set_group_steps(std::size_t g, std::int64_t steps) { groups_.at(g).steps = steps; }
 
   /// fn(full_offset, master, exp_avg, exp_avg_sq) for this rank's slice of every parameter's
   /// fp32 optimizer state (stage 0: the slice of the whole copy it would own at stage 1), so
@@ -480,6 +520,47 @@ class engine {
     }
   }
 
+  // apply() with groups: this rank's slice of each parameter (stage 0: all of it) cut at the
+  // group ranges; a piece steps with its group's settings and t, or not at all.
+  void apply_grouped(float scale) {
+    const auto& sz = layout_.sizes();
+    std::span<float> master = state_->master(), m = state_->exp_avg(), v = state_->exp_avg_sq();
+    for (auto& g : groups_) g.steps += g.trainable ? 1 : 0;
+    const auto step_piece = [&](std::size_t mo, std::size_t go, std::size_t n, const adamw_config& c, std::int64_t t) {
+      adamw_step<G>(master.subspan(mo, n), std::span<const G>(grads_.data() + go, n), m.subspan(mo, n), v.subspan(mo, n), c, t, scale);
+    };
+    for (std::size_t p = 0; p < sz.params(); ++p) {
+      const std::size_t s = sz.shard_numel(p);
+      // [fb, fe) in full coordinates; where element fb is in the master and in the gradients
+      const std::size_t fb = Stage::shards_optimizer::value ? sz.offset(p) + rank_ * s : sz.offset(p);
+      const std::size_t fe = fb + (Stage::shards_optimizer::value ? s : sz.padded_numel(p));
+      const std::size_t mb = Stage::shards_optimizer::value ? sz.shard_offset(p) : fb;
+      const std::size_t gb = Stage::shards_gradients::value ? sz.shard_offset(p) : fb;
+      auto r = std::lower_bound(ranges_.begin(), ranges_.end(), fb, [](const group_range& x, std::size_t at) { return x.end <= at; });
+      for (std::size_t at = fb; at < fe;) {
+        if (r == ranges_.end() || r->begin >= fe) {  // the rest is in no range
+          step_piece(mb + (at - fb), gb + (at - fb), fe - at, opt_.adamw, step_);
+          break;
+        }
+        if (at < r->begin) {  // a gap before the next range
+          step_piece(mb + (at - fb), gb + (at - fb), r->begin - at, opt_.adamw, step_);
+          at = r->begin;
+        }
+        const std::size_t end = std::min(r->end, fe);
+        const group_settings& g = groups_[r->group];
+        if (g.trainable) step_piece(mb + (at - fb), gb + (at - fb), end - at, g.adamw, g.steps);
+        at = end;
+        if (end == r->end) ++r;
+      }
+    }
+  }
+
+  struct group_settings {
+    adamw_config adamw;
+    bool trainable = true;
+    std::int64_t steps = 0;
+  };
+
   C* comm_;
   flat_layout layout_;
   engine_options opt_;
@@ -503,6 +584,8 @@ class engine {
   std::vector<T*> ptrs_;   // [params]: where each parameter is now
   std::vector<G*> gptrs_;  // [params]: where backward writes each gradient
   std::vector<comm::work> works_;
+  std::vector<group_range> ranges_;     // sorted, disjoint (set_groups)
+  std::vector<group_settings> groups_;
 };
 
 }  // namespace loom::zero

@@ -1,0 +1,174 @@
+// Parameter groups and progressive unfreezing in the mesh trainer (train_options::groups).
+// Oracles: optim::trainable_at (tested against its closed form in tests/optim) for which
+// tensors may change at each step, compared bit for bit with the consolidated master; the
+// closed form of AdamW's first step of a parameter (bias-corrected, weight decay 0: each
+// element moves by lr * g / (|g| + eps), so the largest move is lr to within eps) for each
+// group's learning rate, its schedule scaling and its own step count; the (1,1,1) run for
+// the (2,2,1) ZeRO-3 mesh.
+#include "train3d_suite.hpp"
+
+#include <llama/model3d/llama3d.hpp>
+
+#include <loom/optim/param_groups.hpp>
+
+#include <loom/comm/self_comm.hpp>
+#include <loom/comm/thread_comm.hpp>
+
+#include <support/error_of.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using loom::comm::thread_comm;
+
+namespace {
+
+// The seed's recipe on the tiny model: the head first, then the top layer too, then all.
+loom::optim::param_groups unfreeze_30_40_30(std::optional<float> head_lr = std::nullopt) {
+  loom::optim::param_groups g;
+  g.groups.push_back({"head", {"output.weight", "norm.weight"}, {}, {}, head_lr, 0.f});
+  g.groups.push_back({"top", {}, -1, {}, {}, {}});
+  g.phases = {{0.3, {"head"}}, {0.7, {"head", "top"}}, {1.0, {"head", "top", "base"}}};
+  return g;
+}
+
+struct groups_run {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> masters;  // after each step
+  std::vector<std::int64_t> group_steps;    // each group's AdamW t at the end (rank 0)
+};
+
+groups_run groups_train(loom::comm::mesh_shape mesh, int zero, const loom::optim::param_groups& g, int n_steps,
+                        const std::vector<float>& lrs = {}) {
+  const auto cfg = train3d_suite::tiny(false);
+  auto o = train3d_suite::options(mesh, zero, "1f1b", 4 / mesh.dp);
+  o.groups = g;
+  o.total_steps = n_steps;
+  o.adamw.weight_decay = 0.f;
+  o.gradient_clipping = 0.f;
+  groups_run out;
+  loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
+    llama3d::trainer<double, double, thread_comm> t(world, cfg, o, loom::default_resource<loom::host>());
+    groups_run r;
+    r.masters.push_back(t.consolidated_master());
+    for (int s = 0; s < n_steps; ++s) {
+      if (!lrs.empty()) t.set_lr(lrs[static_cast<std::size_t>(s)]);
+      r.losses.push_back(t.step([&](std::int64_t step, int gm, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+                           llama3d::counting_batch(7, step, gm, o.micro_batch_size, o.seq, cfg.vocab, tok, tgt);
+                         }).loss);
+      r.masters.push_back(t.consolidated_master());
+    }
+    for (std::size_t k = 0; k < t.groups().groups.size(); ++k) r.group_steps.push_back(t.engine().group_steps(k));
+    if (world.rank() == 0) out = r;
+  });
+  return out;
+}
+
+// Which tensors of the single-rank layout changed from master a to b (name, changed).
+std::vector<std::pair<std::string, bool>> changed_tensors(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<std::pair<std::string, bool>> out;
+  const auto layout = llama3d::full_layout(train3d_suite::tiny(false));
+  for (const auto& e : layout.entries())
+    out.emplace_back(e.name, std::memcmp(a.data() + e.offset, b.data() + e.offset, e.numel * sizeof(float)) != 0);
+  return out;
+}
+
+// The largest |b - a| over the tensors of group `group` (by the trainer's group_of).
+double largest_move(const std::vector<float>& a, const std::vector<float>& b, const loom::optim::param_groups& g,
+                    const std::string& group) {
+  double m = 0;
+  const auto layout = llama3d::full_layout(train3d_suite::tiny(false));
+  for (const auto& e : layout.entries()) {
+    if (g.groups[loom::optim::group_of(g, e.name, 2)].name != group) continue;
+    for (std::size_t i = e.offset; i < e.offset + e.numel; ++i) m = std::max(m, double(std::abs(b[i] - a[i])));
+  }
+  return m;
+}
+
+void check_schedule(const groups_run& r, loom::optim::param_groups g, int n_steps) {
+  loom::optim::check(g);
+  std::vector<std::int64_t> t(g.groups.size(), 0);
+  for (int s = 0; s < n_steps; ++s) {
+    const auto on = loom::optim::trainable_at(g, s, n_steps);
+    for (std::size_t k = 0; k < on.size(); ++k) t[k] += on[k] ? 1 : 0;
+    for (const auto& [name, changed] : changed_tensors(r.masters[static_cast<std::size_t>(s)], r.masters[static_cast<std::size_t>(s) + 1])) {
+      const auto k = loom::optim::group_of(g, name, 2);
+      INFO("step ", s, " tensor ", name, " group ", g.groups[k].name);
+      CHECK(changed == on[k]);  // frozen: bit for bit; trainable: moved
+    }
+  }
+  CHECK(r.group_steps == t);
+}
+
+}  // namespace
+
+TEST_CASE("progressive unfreezing: each step changes exactly the groups the schedule says, on (1,1,1) and (2,2,1) ZeRO-3") {
+  const auto g = unfreeze_30_40_30(1e-2f);
+  const auto one = groups_train({1, 1, 1}, 0, g, 10);
+  check_schedule(one, g, 10);
+  const auto mesh = groups_train({2, 2, 1}, 3, g, 10);
+  check_schedule(mesh, g, 10);
+  // the same run on the mesh (losses and every step's master)
+  train3d_suite::compare({mesh.losses, mesh.masters.back()}, {one.losses, one.masters.back()});
+  for (std::size_t s = 0; s < one.masters.size(); ++s) {
+    double w = 0;
+    for (std::size_t i = 0; i < one.masters[s].size(); ++i) w = std::max(w, double(std::abs(mesh.masters[s][i] - one.masters[s][i])));
+    CHECK(w < 1e-5);
+  }
+  // and on a pipeline of 2 stages under ZeRO-1 (the groups of a stage's chunk only)
+  check_schedule(groups_train({1, 1, 2}, 1, g, 10), g, 10);
+}
+
+TEST_CASE("per-group lr, its schedule scaling and its own bias correction against AdamW's first step") {
+  // 4 steps: [0, 2) the head alone at its lr 1e-2, then everything at the run's lr 3e-3; the
+  // schedule halves the lr at step 0 (the head's scales with it)
+  loom::optim::param_groups g;
+  g.groups.push_back({"head", {"output.weight", "norm.weight"}, {}, {}, 1e-2f, {}});
+  g.phases = {{0.5, {"head"}}, {1.0, {"head", "base"}}};
+  const float lr = 3e-3f;
+  const auto r = groups_train({2, 1, 1}, 2, g, 4, {0.5f * lr, lr, lr, lr});
+  loom::optim::param_groups gc = g;
+  loom::optim::check(gc);
+  const auto near = [](double got, double want) { return got <= want * (1 + 1e-4) && got >= want * 0.99; };
+  CHECK(near(largest_move(r.masters[0], r.masters[1], gc, "head"), 0.5 * 1e-2));  // t = 1, lr_head * lr(0) / lr0
+  CHECK(largest_move(r.masters[0], r.masters[1], gc, "base") == 0.0);
+  CHECK(largest_move(r.masters[1], r.masters[2], gc, "base") == 0.0);
+  // the base's first step is step 2: its own t = 1, so its largest move is lr, not the
+  // 0.55 lr a bias correction at the run's t = 3 would give
+  CHECK(near(largest_move(r.masters[2], r.masters[3], gc, "base"), lr));
+  // the head at its t = 3 (no closed form past the first step) still steps at its own rate
+  const double head3 = largest_move(r.masters[2], r.masters[3], gc, "head");
+  CHECK(head3 > 2 * lr);
+  CHECK(head3 < 1.5 * 1e-2);
+  CHECK(r.group_steps == std::vector<std::int64_t>{4, 2});
+}
+
+TEST_CASE("parameter groups: a group's lr equal to the run's gives the run without groups") {
+  loom::optim::param_groups g;
+  g.groups.push_back({"top", {}, -1, {}, 3e-3f, 0.f});
+  const auto grouped = groups_train({1, 2, 1}, 1, g, 3);
+  const auto plain = groups_train({1, 2, 1}, 1, {}, 3);
+  CHECK(grouped.losses == plain.losses);
+  CHECK(grouped.masters.back() == plain.masters.back());
+}
+
+TEST_CASE("parameter groups: bad input is a loom::error naming it") {
+  const auto cfg = train3d_suite::tiny(false);
+  auto o = train3d_suite::options({1, 1, 1}, 0, "1f1b", 2);
+  o.groups.groups.push_back({"top", {}, -1, {}, 1e-3f, {}});
+  o.groups.phases = {{1.0, {"base"}}};
+  o.total_steps = 4;
+  loom::comm::self_comm self;
+  const auto make = [&] { llama3d::trainer<double, double, loom::comm::self_comm> t(self, cfg, o, loom::default_resource<loom::host>()); };
+  CHECK(loom::test::error_of(make).find("group \"top\" is frozen in every phase but is given lr=") != std::string::npos);
+  o.groups.groups[0].lr.reset();
+  o.total_steps = 0;
+  CHECK(loom::test::error_of(make).find("progressive_unfreezing needs total_steps >= 1") != std::string::npos);
+  // LoRA: the base is in no engine, so a phase may not train it
+  o.total_steps = 4;
+  o.lora.emplace();
+  o.lora->r = 2;
+  CHECK(loom::test::error_of(make).find("trains group \"base\", which holds base tensor") != std::string::npos);
+}
