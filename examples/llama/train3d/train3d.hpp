@@ -191,6 +191,15 @@ class trainer {
     std::vector<counted_range> counted;  // canonical ranges: the norm
     std::unique_ptr<stage_lora<P, T>> lora;  // LoRA: the adapters (the engine's layout) ...
     loom::buffer<P> frozen;                  // ... and the adapted base weights as they were (W0)
+    // LoRA whose schedule unfreezes base tensors: the base in an engine of its own too
+    std::unique_ptr<engine_t> base;
+    std::vector<counted_range> base_counted;
+    // (engine, its canonical ranges) of each engine of the chunk
+    std::vector<std::pair<engine_t*, const std::vector<counted_range>*>> engines() {
+      std::vector<std::pair<engine_t*, const std::vector<counted_range>*>> e{{zero.get(), &counted}};
+      if (base) e.push_back({base.get(), &base_counted});
+      return e;
+    }
   };
 
  public:
@@ -224,24 +233,13 @@ class trainer {
         chunks_.push_back(make_lora_chunk(std::move(ck), cfg, eo, param_mr));
         continue;
       }
-      const auto& L = m.layout();
-      std::vector<loom::zero::param_spec> units;
-      for (std::size_t u = 0; u < m.units(); ++u)
-        units.push_back({"unit " + std::to_string(u), {static_cast<index_t>(L.unit_end(u) - L.unit_begin(u))}, u});
-      const std::span<const P> init = m.params();
       ck->train_trace = trace_of(sched_, c, m, false);
-      ck->zero = loom::zero::make_engine<P, C, T>(
-          opt.zero_stage, mesh_.dp(), loom::zero::flat_layout(std::move(units), dp_), eo, {&mr, &mr, &mr, param_mr},
-          [&](std::size_t u, std::size_t first, std::span<float> out) {
-            for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(init[L.unit_begin(u) + first + i]);
-          },
-          ck->train_trace);
-      m.use_storage(ck->zero->resident_parameters(), ck->zero->accumulation());
+      ck->zero = make_base_engine(m, eo, param_mr, ck->train_trace);
       if (opt.zero_stage == 3) {
         ck->source.engine = ck->zero.get();
         m.set_param_source(&ck->source);
       }
-      use_groups(*ck, m.shards());
+      use_groups(*ck->zero, ck->counted, m.shards());
       chunks_.push_back(std::move(ck));
     }
   }
@@ -285,7 +283,8 @@ class trainer {
   /// The learning rate of the next step (a schedule sets it before each step).
   void set_lr(float lr) {
     opt_.adamw.lr = lr;
-    for (auto& ck : chunks_) ck->zero->set_lr(lr);
+    for (auto& ck : chunks_)
+      for (auto [e, counted] : ck->engines()) e->set_lr(lr);
   }
   /// The loss scaler (its state goes into checkpoints).
   loom::amp::any_loss_scaler& loss_scaler() noexcept { return opt_.loss_scaler; }
@@ -294,13 +293,15 @@ class trainer {
   /// taken (the engines' AdamW step and the schedule's position). Collective.
   void restore(std::int64_t steps) {
     LOOM_CHECK(steps >= 0, "llama3d::trainer::restore: steps must be >= 0, got steps=", steps);
-    for (auto& ck : chunks_) ck->zero->restore(steps);
+    for (auto& ck : chunks_)
+      for (auto [e, counted] : ck->engines()) e->restore(steps);
     step_ = steps;
     // each group's AdamW t: the steps the schedule let it train before `steps`
     for (std::size_t g = 0; opt_.grouped() && g < opt_.groups.groups.size(); ++g) {
       std::int64_t t = 0;
       for (std::int64_t s = 0; s < steps; ++s) t += trainable_at(s)[g] ? 1 : 0;
-      for (auto& ck : chunks_) ck->zero->set_group_steps(g, t);
+      for (auto& ck : chunks_)
+        for (auto [e, counted] : ck->engines()) e->set_group_steps(g, t);
     }
   }
   /// The ZeRO engine of model chunk c (its layout has one entry per unit of the chunk).
@@ -322,7 +323,8 @@ class trainer {
       loom::zero::adamw_config c = opt_.adamw;
       if (x.lr) c.lr = *x.lr * (base_lr_ > 0.f ? opt_.adamw.lr / base_lr_ : 1.f);
       if (x.weight_decay) c.weight_decay = *x.weight_decay;
-      for (auto& ck : chunks_) ck->zero->set_group(g, c, on[g]);
+      for (auto& ck : chunks_)
+        for (auto [e, counted] : ck->engines()) e->set_group(g, c, on[g]);
     }
     lora_merge();
     // 1. the pipeline schedule, run by the executor through the stage adapter
@@ -337,7 +339,7 @@ class trainer {
       // 2. tied embedding copies (virtual stage 0 on pp rank 0, the last one on pp rank p-1);
       // LoRA: the adapters' gradients from the adapted weights' (the frozen base needs none)
       if (ck->lora) lora_backward(*ck);
-      else if (std::span<T> gs = md.tied_grad(); !gs.empty()) {
+      if (std::span<T> gs = md.tied_grad(); !gs.empty() && (!ck->lora || ck->base)) {
         loom::buffer<T> other(gs.size(), *mr_);
         const int peer = md.first_stage() ? opt_.mesh.pp - 1 : 0;
         constexpr int to_last = 32766, to_first = 32767;  // the executor's transfers are all matched by now
@@ -346,14 +348,16 @@ class trainer {
         for (std::size_t i = 0; i < gs.size(); ++i) gs[i] += other[i];
       }
       // 3. gradients over dp, 4. the squares this rank counts in the global norm
-      ck->zero->reduce_accumulated();
-      ck->zero->for_each_gradient_slice([&](std::size_t lo, std::span<const T> g) {
-        for (const auto& [off, n, grp] : ck->counted) {
-          if (!on.empty() && !on[grp]) continue;
-          const std::size_t b0 = std::max(off, lo), b1 = std::min(off + n, lo + g.size());
-          for (std::size_t i = b0; i < b1; ++i) sq += double(g[i - lo]) * double(g[i - lo]);
-        }
-      });
+      for (auto [e, counted] : ck->engines()) {
+        e->reduce_accumulated();
+        e->for_each_gradient_slice([&](std::size_t lo, std::span<const T> g) {
+          for (const auto& [off, n, grp] : *counted) {
+            if (!on.empty() && !on[grp]) continue;
+            const std::size_t b0 = std::max(off, lo), b1 = std::min(off + n, lo + g.size());
+            for (std::size_t i = b0; i < b1; ++i) sq += double(g[i - lo]) * double(g[i - lo]);
+          }
+        });
+      }
     }
     float scale = 1.f / (static_cast<float>(dp_) * loss_scale);  // gradients sum over dp and carry the loss scale
     mesh_.world().all_reduce(std::span<const double>(&sq, 1), std::span<double>(&sq, 1), loom::comm::reduce_op::sum);
@@ -371,7 +375,11 @@ class trainer {
       scale *= static_cast<float>(opt_.gradient_clipping / st.grad_norm);
     // 5. AdamW on the master, then the parameters are refreshed
     ++step_;
-    for (auto& ck : chunks_) ck->zero->apply(scale);
+    for (auto& ck : chunks_) {
+      for (auto [e, counted] : ck->engines()) e->apply(scale);
+      // LoRA with a trained base: the refreshed base is the next step's W0
+      if (ck->base) ck->lora->capture(std::span<const P>(ck->model->params()), ck->frozen.span());
+    }
     st.seconds = seconds(t0, clock::now());
     return st;
   }
@@ -439,10 +447,12 @@ class trainer {
   /// Model-state bytes of this rank, summed over its chunks (the engines' accounting).
   loom::zero::state_bytes bytes() const noexcept {
     loom::zero::state_bytes b;
-    for (const auto& ck : chunks_) {
-      const auto e = ck->zero->bytes();
-      b.parameters += e.parameters, b.persistent += e.persistent, b.gradients += e.gradients, b.optimizer += e.optimizer;
-    }
+    for (const auto& ck : chunks_)
+      for (const auto* z : {ck->zero.get(), ck->base.get()}) {
+        if (!z) continue;
+        const auto e = z->bytes();
+        b.parameters += e.parameters, b.persistent += e.persistent, b.gradients += e.gradients, b.optimizer += e.optimizer;
+      }
     return b;
   }
 
@@ -452,6 +462,18 @@ class trainer {
   std::unique_ptr<chunk_state> make_lora_chunk(std::unique_ptr<chunk_state> ck, const llama::config& cfg,
                                                const loom::zero::engine_options& eo, loom::memory_resource* param_mr) {
     auto& m = *ck->model;
+    // a schedule that trains base tensors of this chunk: the base goes into an engine (its
+    // gradients and optimizer state exist only then), the model reading it from there
+    std::string trained;
+    for (const auto& sh : m.shards())
+      if (trained.empty() && opt_.grouped() && !opt_.groups.phases.empty() && ever_trains(group_of(sh.name))) trained = sh.name;
+    if (!trained.empty()) {
+      LOOM_CHECK(opt_.zero_stage <= 2, "llama3d: with LoRA, progressive_unfreezing trains base tensor '", trained, "' (group \"",
+                 opt_.groups.groups[group_of(trained)].name, "\"), which needs ZeRO stage <= 2 (the merged weights are "
+                 "written into the base's resident parameters), got zero_stage=", opt_.zero_stage);
+      ck->base = make_base_engine(m, eo, param_mr, trace_of(sched_, static_cast<int>(chunks_.size()), m, false));
+      use_groups(*ck->base, ck->base_counted, m.shards());
+    }
     ck->lora = std::make_unique<stage_lora<P, T>>(*opt_.lora, cfg, m.layout(), m.shards(), m.layers(),
                                                    tp::tp_rank::of(mesh_.tp()), dp_);
     const auto& lo = *ck->lora;
@@ -470,28 +492,38 @@ class trainer {
           for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(init[L.unit_begin(u) + first + i]);
         },
         ck->train_trace);
-    use_groups(*ck, lo.shards());
-    // the base is in no engine: a phase that trains a group of base tensors cannot be run
-    for (const auto& sh : m.shards()) {
-      if (!opt_.grouped() || opt_.groups.phases.empty()) break;
-      const std::size_t g = group_of(sh.name);
-      LOOM_CHECK(!ever_trains(g), "llama3d: with LoRA the base is frozen, but progressive_unfreezing trains group \"",
-                 opt_.groups.groups[g].name, "\", which holds base tensor '", sh.name,
-                 "'; unfreezing base tensors under LoRA is not supported (train them without LoRA)");
-    }
+    use_groups(*ck->zero, ck->counted, lo.shards());
     return ck;
+  }
+  // An engine over the stage model's units, its fp32 master from the model's parameters; the
+  // model then reads its parameters from it and adds its gradients into it.
+  std::unique_ptr<engine_t> make_base_engine(stage_model<P, T, C>& m, const loom::zero::engine_options& eo,
+                                             loom::memory_resource* param_mr, std::vector<loom::sched::trace_step> trace) {
+    const auto& L = m.layout();
+    std::vector<loom::zero::param_spec> units;
+    for (std::size_t u = 0; u < m.units(); ++u)
+      units.push_back({"unit " + std::to_string(u), {static_cast<index_t>(L.unit_end(u) - L.unit_begin(u))}, u});
+    const std::span<const P> init = m.params();
+    auto e = loom::zero::make_engine<P, C, T>(
+        opt_.zero_stage, mesh_.dp(), loom::zero::flat_layout(std::move(units), dp_), eo, {mr_, mr_, mr_, param_mr},
+        [&](std::size_t u, std::size_t first, std::span<float> out) {
+          for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(init[L.unit_begin(u) + first + i]);
+        },
+        std::move(trace));
+    m.use_storage(e->resident_parameters(), e->accumulation());
+    return e;
   }
   // The chunk's canonical ranges for the norm and, with groups, each tensor's range as its
   // group's in the engine (the shards tile the chunk's tensors in its layout).
-  void use_groups(chunk_state& ck, const tp::shard_list& shards) {
+  void use_groups(engine_t& zero, std::vector<counted_range>& counted, const tp::shard_list& shards) {
     std::vector<loom::zero::group_range> ranges;
     for (const auto& sh : shards) {
       const auto n = static_cast<std::size_t>(sh.rows * sh.cols);
       const std::size_t g = opt_.grouped() ? group_of(sh.name) : 0;
-      if (sh.replica == 0) ck.counted.push_back({sh.local_offset, n, g});
+      if (sh.replica == 0) counted.push_back({sh.local_offset, n, g});
       ranges.push_back({sh.local_offset, sh.local_offset + n, g});
     }
-    if (opt_.grouped()) ck.zero->set_groups(std::move(ranges), opt_.groups.groups.size());
+    if (opt_.grouped()) zero.set_groups(std::move(ranges), opt_.groups.groups.size());
   }
   std::vector<bool> trainable_at(std::int64_t step) const {
     return loom::optim::trainable_at(opt_.groups, step, std::max<std::int64_t>(opt_.total_steps, 1));
