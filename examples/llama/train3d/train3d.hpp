@@ -35,8 +35,8 @@
 // Data: the global batch of a step is dp * m micro-batches [micro_batch, seq]; data-parallel
 // rank d runs micro-batches d*m .. d*m+m-1, so the loss curve does not depend on the mesh.
 //
-// LoRA (train_options::lora): the base is frozen and the engine holds the adapters only
-// (lora3d.hpp): every ZeRO stage partitions their gradients, optimizer state (and, stage 3,
+// LoRA (train_options::lora): the base is frozen (unless parameter groups below unfreeze it)
+// and the engine holds the adapters only (lora3d.hpp): every ZeRO stage partitions their gradients, optimizer state (and, stage 3,
 // parameters) over dp; the base stays in the model's own buffers, replicated over dp, with no
 // optimizer state, and its untouched copy W0 of each adapted weight is kept aside. A step
 // merges (W_eff = W0 + scaling B A, the adapters acquired unit by unit in the engine's trace),
@@ -56,8 +56,14 @@
 // the engine's flat state and stay zero until then: one buffer per stage is what lets a rank
 // step and gather its slices with one offset, and the memory that matters -- a base that never
 // trains -- is kept out of the engine altogether by LoRA. Frozen groups are left out of the
-// gradient norm (clipping sees what trains). Under LoRA only the adapters are grouped; a
-// phase that would train a base group is refused (the base is not in an engine).
+// gradient norm (clipping sees what trains).
+// Under LoRA, a chunk whose schedule never trains a base tensor keeps its base out of any
+// engine (the LoRA-only memory). One whose schedule does gets a second engine over its base
+// (chunk_state::base, ZeRO 0-2): the model reads the base from that engine's resident buffer,
+// the step merges W0 + scaling B A into it, the weights' gradient G is the base's gradient as
+// well as the adapters' source, both engines reduce, count in the norm and apply, and the
+// refreshed base becomes the next step's W0. ZeRO-3 is refused there: its base is gathered unit
+// by unit and has no resident copy to merge into.
 
 #include "lora3d.hpp"
 
