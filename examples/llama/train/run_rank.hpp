@@ -218,6 +218,8 @@ train_result run_rank(C& comm, const options& o, const loom::io::ds_config& c, s
   std::vector<bool> training;  // the groups that trained at the last step
   for (std::int64_t s = t.steps() + 1; s <= o.steps; ++s) {
     if (examples::inject_fault(rank, s - 1)) return res;  // test hook (LOOM_FAULT_INJECT)
+    const float lr = sched.lr(t.steps());                   // a skipped step does not advance the schedule (DeepSpeed)
+    t.set_lr(lr);
     if (t.options().grouped() && log) {  // at each phase change: which groups train from here
       const auto on = t.trainable_now();
       if (on != training) {
@@ -228,8 +230,6 @@ train_result run_rank(C& comm, const options& o, const loom::io::ds_config& c, s
         training = on;
       }
     }
-    const float lr = sched.lr(t.steps());                   // a skipped step does not advance the schedule (DeepSpeed)
-    t.set_lr(lr);
     const auto st = t.step(std::ref(data));
     step_record r{.step = s, .loss = st.loss, .lr = lr, .scale = st.loss_scale, .skipped = st.skipped, .grad_norm = st.grad_norm};
     r.seconds = max_over_ranks(comm, st.seconds);
