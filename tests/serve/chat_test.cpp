@@ -251,7 +251,7 @@ void write_hf_folder(const flat_weights& w, const fs::path& dir) {
     m.emplace(detail::chatglm_name(e.name), std::move(t));
   }
   loom::io::write_safetensors((dir / "model.safetensors").string(), m);
-  std::ofstream(dir / "config.json") << detail::chatglm_config_json(w.cfg, "F32").dump(2);
+  std::ofstream(dir / "config.json") << loom::io::hf_chatglm_config_json(detail::chatglm_hf_config(w.cfg), "F32").dump(2);
 }
 
 }  // namespace

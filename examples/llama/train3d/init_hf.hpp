@@ -95,12 +95,7 @@ class hf_source {
   hf_source(const llama::hf_folder& f, const llama::config& c) : f_(&f), head_dim_(static_cast<std::size_t>(c.head_dim())) {
     const auto layout = full_layout(c);
     for (const auto& e : layout.entries()) {
-      const std::string hf = f.name_of(e.name);
-      const auto* t = f.find(hf);
-      LOOM_CHECK(t, "tensor '", hf, "' is missing from HF folder '", f.path(), "' (no shard holds it)");
-      if (!std::equal(t->shape.begin(), t->shape.end(), e.shape.begin(), e.shape.end()))
-        LOOM_THROW("tensor '", hf, "' in '", f.file_of(hf), "' has shape ", nlohmann::json(t->shape).dump(), ", config.json ('",
-                   f.config_path(), "') gives ", nlohmann::json(e.shape).dump());
+      f.check(e);  // present, with config.json's shape
       cols_[e.name] = e.shape.size() == 2 ? static_cast<std::size_t>(e.shape[1]) : 1;
     }
     // LLaMA's q/k rows are stored for half-split rotary (see the file comment)
