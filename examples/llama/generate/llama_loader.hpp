@@ -237,6 +237,7 @@ class hf_folder {
  private:
   static std::filesystem::path config_dir(const std::string& path) {
     const std::filesystem::path p(path);
+    LOOM_CHECK(std::filesystem::exists(p), "HF folder '", path, "' does not exist");
     return std::filesystem::is_directory(p) ? p : p.parent_path();
   }
   // The family and a ChatGLM config before any shard is opened: an unknown model_type or a
