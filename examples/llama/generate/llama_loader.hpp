@@ -169,6 +169,32 @@ inline loom::io::hf_chatglm_config chatglm_hf_config(const config& c) {
   return {i32(c.n_layers), i32(c.dim),     i32(c.hidden_dim), i32(c.n_heads), i32(c.n_kv_heads),
           i32(c.vocab),    i32(c.seq_len), c.norm_eps,        c.rope_theta / 10000.0, c.qkv_bias};
 }
+/// config.json for config c, as its family (c.model_type) writes it: export_hf writes it, and
+/// llama3d::init_from_hf compares a folder's with its trainer's key by key.
+inline nlohmann::json hf_config_json(const config& c, const std::string& dtype = "F32") {
+  if (c.model_type == "chatglm") return loom::io::hf_chatglm_config_json(chatglm_hf_config(c), dtype);
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_act", "silu"},
+          {"hidden_size", c.dim},
+          {"intermediate_size", c.hidden_dim},
+          {"num_hidden_layers", c.n_layers},
+          {"num_attention_heads", c.n_heads},
+          {"num_key_value_heads", c.n_kv_heads},
+          {"vocab_size", c.vocab},
+          {"max_position_embeddings", c.seq_len},
+          {"rms_norm_eps", c.norm_eps},
+          {"rope_theta", c.rope_theta},
+          {"tie_word_embeddings", c.tied_output},
+          {"torch_dtype", loom::io::hf_torch_dtype(dtype)}};
+}
+/// HF's row of Meta's q/k row `row` (head dimension hd): HF rotates the two halves of a head
+/// where Meta rotates adjacent pairs, so row h*hd + 2i + p (pair i, component p) is stored at
+/// h*hd + p*hd/2 + i (HF's converter's permutation).
+inline std::size_t half_split_row(std::size_t row, std::size_t hd) {
+  const std::size_t j = row % hd;
+  return row - j + (j % 2) * (hd / 2) + j / 2;
+}
 
 }  // namespace detail
 
@@ -294,7 +320,7 @@ inline int export_hf(const std::string& ckpt, const std::string& out_dir, const 
   if (c.model_type == "chatglm") {
     LOOM_CHECK(!c.tied_output, "llama::export_hf: a ChatGLM has its own output_layer; this config has tied_output=true");
     o.rename = detail::chatglm_name;
-    o.config_json = loom::io::hf_chatglm_config_json(detail::chatglm_hf_config(c), dtype).dump(2) + "\n";
+    o.config_json = detail::hf_config_json(c, dtype).dump(2) + "\n";
     return loom::checkpoint::export_folder(ckpt, out_dir, o);
   }
   LOOM_CHECK(!c.fused_qkv && !c.fused_gate_up && !c.qkv_bias && c.partial_rotary_factor == 1.0,
@@ -305,30 +331,13 @@ inline int export_hf(const std::string& ckpt, const std::string& out_dir, const 
   if (c.rope == loom::ops::rope_style::interleaved)
     o.transform = [&c](const std::string& name, std::span<float> t) {
       if (!name.ends_with("attention.wq.weight") && !name.ends_with("attention.wk.weight")) return;
-      // row h*hd + 2i + p (pair i, component p) goes to h*hd + p*hd/2 + i
       const auto hd = static_cast<std::size_t>(c.head_dim()), cols = static_cast<std::size_t>(c.dim);
       const std::vector<float> in(t.begin(), t.end());
-      for (std::size_t row = 0; row < t.size() / cols; ++row) {
-        const std::size_t h = row / hd, i = (row % hd) / 2, p = row % 2;
+      for (std::size_t row = 0; row < t.size() / cols; ++row)
         std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(row * cols), cols,
-                    t.begin() + static_cast<std::ptrdiff_t>((h * hd + p * hd / 2 + i) * cols));
-      }
+                    t.begin() + static_cast<std::ptrdiff_t>(detail::half_split_row(row, hd) * cols));
     };
-  const nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}},
-                              {"model_type", "llama"},
-                              {"hidden_act", "silu"},
-                              {"hidden_size", c.dim},
-                              {"intermediate_size", c.hidden_dim},
-                              {"num_hidden_layers", c.n_layers},
-                              {"num_attention_heads", c.n_heads},
-                              {"num_key_value_heads", c.n_kv_heads},
-                              {"vocab_size", c.vocab},
-                              {"max_position_embeddings", c.seq_len},
-                              {"rms_norm_eps", c.norm_eps},
-                              {"rope_theta", c.rope_theta},
-                              {"tie_word_embeddings", c.tied_output},
-                              {"torch_dtype", loom::io::hf_torch_dtype(dtype)}};
-  o.config_json = cfg.dump(2) + "\n";
+  o.config_json = detail::hf_config_json(c, dtype).dump(2) + "\n";
   return loom::checkpoint::export_folder(ckpt, out_dir, o);
 }
 
