@@ -5,9 +5,11 @@
 //   gelu(x)      = x * Phi(x) (erf form, PyTorch's default) or the tanh approximation
 //
 // Inputs are 1-D contiguous views (any activation flattened); backward adds into the input
-// gradients. Loops are plain so the compiler vectorises them.
+// gradients. Loops are plain so the compiler vectorises them. SwiGLU's element math is
+// ops/math/activation.hpp's, shared with ops/cuda/activation.cuh.
 
 #include <loom/ops/host/common.hpp>
+#include <loom/ops/math/activation.hpp>
 
 #include <cmath>
 
@@ -24,7 +26,7 @@ inline void swiglu_forward(host, in_view<T, 1> a, in_view<T, 1> b, tensor_view<T
   T* op = out.data();
   detail::parallel_rows(n, detail::min_part_elements, [&](index_t i0, index_t i1) {
     LOOM_SIMD
-    for (index_t i = i0; i < i1; ++i) op[i] = ap[i] / (T(1) + ops::exp(-ap[i])) * bp[i];
+    for (index_t i = i0; i < i1; ++i) op[i] = math::swiglu(ap[i], bp[i]);
   });
 }
 
@@ -40,16 +42,16 @@ inline void swiglu_backward(host, in_view<T, 1> dout, in_view<T, 1> a, in_view<T
     if (accumulate) {
       LOOM_SIMD
       for (index_t i = i0; i < i1; ++i) {
-        const T sig = T(1) / (T(1) + ops::exp(-ap[i]));
-        dap[i] += dp[i] * bp[i] * sig * (T(1) + ap[i] * (T(1) - sig));
-        dbp[i] += dp[i] * ap[i] * sig;
+        const auto gr = math::swiglu_grad(dp[i], ap[i], bp[i]);
+        dap[i] += gr.da;
+        dbp[i] += gr.db;
       }
     } else {
       LOOM_SIMD
       for (index_t i = i0; i < i1; ++i) {
-        const T sig = T(1) / (T(1) + ops::exp(-ap[i]));
-        dap[i] = dp[i] * bp[i] * sig * (T(1) + ap[i] * (T(1) - sig));
-        dbp[i] = dp[i] * ap[i] * sig;
+        const auto gr = math::swiglu_grad(dp[i], ap[i], bp[i]);
+        dap[i] = gr.da;
+        dbp[i] = gr.db;
       }
     }
   });
