@@ -9,7 +9,7 @@
 //   fp32 GEMM (cuBLAS, fp32 compute, no TF32): rtol 1e-4, atol 1e-4 against double
 //   bf16 / fp16 GEMM operands, fp32 accumulation: rtol 1e-3, atol 1e-3 against double on the
 //     same rounded operands; a bf16 / fp16 C adds its rounding: rtol 1e-2 (bf16), 2e-3 (fp16)
-//   squared norm (double accumulation on both sides): rtol 1e-12
+//   squared norm (double accumulation on both sides, in another order): rtol 1e-10
 #include <loom/core/buffer.hpp>
 #include <loom/core/cuda/memory.hpp>
 #include <loom/core/random.hpp>
@@ -191,7 +191,7 @@ TEST_CASE("the GPU squared norm equals the host's and flags inf and NaN") {
     ops::sum_of_squares(loom::cuda{}, cview(gx, index_t(n)), mview(ws, ops::sum_of_squares_workspace), mview(flag, 1));
     const auto got = download(ws);
     const double want = loom::optim::sum_of_squares(x);
-    CHECK(std::abs(got[0] - want) <= 1e-12 * want);
+    CHECK(std::abs(got[0] - want) <= 1e-10 * want);
     CHECK(download(flag)[0] == 0);
     for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
       x[n / 2] = bad;
