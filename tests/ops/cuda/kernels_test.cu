@@ -224,6 +224,15 @@ TEST_CASE("softmax cross-entropy forward and backward on the GPU equal the host'
                                 make_view(dl_acc.data(), n, v), 0.5f);
     ops::cross_entropy_backward(loom::cuda{}, cview(gl, n, v), cview(gt, n), cview(glse, n), mview(gacc, n, v), ws, 0.5f);
     require_close(download(gacc), dl_acc, rtol32, atol32, "cross-entropy dlogits (backward, accumulated)");
+    // forward without dlogits (lse and loss only), backward that writes (ignored rows zeroed)
+    const float gloss_only = ops::cross_entropy_forward(loom::cuda{}, cview(gl, n, v), cview(gt, n), mview(glse, n), ws);
+    CHECK(gloss_only == gloss);
+    require_close(download(glse), lse, rtol32, atol32, "cross-entropy lse (forward only)");
+    ops::cross_entropy_backward(host{}, make_view(logits.data(), n, v), make_view(tgt.data(), n), make_view(lse.data(), n),
+                                make_view(dl_acc.data(), n, v), 2.f, {}, false);
+    ops::cross_entropy_backward(loom::cuda{}, cview(gl, n, v), cview(gt, n), cview(glse, n), mview(gacc, n, v), ws, 2.f, {},
+                                false);
+    require_close(download(gacc), dl_acc, rtol32, atol32, "cross-entropy dlogits (backward, written)");
     tgt[std::size_t(n - 1)] = std::int32_t(v + 3);
     auto gbad = upload(tgt);
     const std::string message = "target " + std::to_string(v + 3) + " at position " + std::to_string(n - 1);
