@@ -38,7 +38,7 @@ __global__ void swiglu_backward(const T* __restrict__ dout, const T* __restrict_
 
 /// out = silu(a) * b over device vectors of one length.
 template <compute_type T>
-void swiglu_forward(cuda, tensor_view<const T, cuda, 1> a, tensor_view<const T, cuda, 1> b, tensor_view<T, cuda, 1> out,
+void swiglu_forward(cuda, device_in_view<T, 1> a, device_in_view<T, 1> b, tensor_view<T, cuda, 1> out,
                     cudaStream_t stream = nullptr) {
   const index_t n = a.numel();
   detail::require_same_length("ops::swiglu_forward(cuda)", n, a, b, out);
@@ -50,8 +50,8 @@ void swiglu_forward(cuda, tensor_view<const T, cuda, 1> a, tensor_view<const T, 
 
 /// da += dout * b * silu'(a), db += dout * silu(a)   (da = ..., db = ... when !accumulate)
 template <compute_type T>
-void swiglu_backward(cuda, tensor_view<const T, cuda, 1> dout, tensor_view<const T, cuda, 1> a,
-                     tensor_view<const T, cuda, 1> b, tensor_view<T, cuda, 1> da, tensor_view<T, cuda, 1> db,
+void swiglu_backward(cuda, device_in_view<T, 1> dout, device_in_view<T, 1> a, device_in_view<T, 1> b,
+                     tensor_view<T, cuda, 1> da, tensor_view<T, cuda, 1> db,
                      bool accumulate = true, cudaStream_t stream = nullptr) {
   const index_t n = a.numel();
   detail::require_same_length("ops::swiglu_backward(cuda)", n, dout, a, b, da, db);

@@ -149,7 +149,7 @@ void count_targets(tensor_view<Tgt, cuda, 1> targets, index_t vocab, std::int64_
 /// not ignore_index is a loom::error naming it.
 template <compute_type T, class Tgt>
 requires std::integral<std::remove_const_t<Tgt>>
-T cross_entropy_forward(cuda, tensor_view<const T, cuda, 2> logits, tensor_view<Tgt, cuda, 1> targets,
+T cross_entropy_forward(cuda, device_in_view<T, 2> logits, tensor_view<Tgt, cuda, 1> targets,
                         tensor_view<T, cuda, 1> lse, cross_entropy_workspace& ws, tensor_view<T, cuda, 2> dlogits = {},
                         cross_entropy_options opt = {}, cudaStream_t stream = nullptr) {
   const char* fn = "ops::cross_entropy_forward(cuda)";
@@ -184,8 +184,7 @@ T cross_entropy_forward(cuda, tensor_view<const T, cuda, 2> logits, tensor_view<
 /// forward. Asynchronous.
 template <compute_type T, class Tgt>
 requires std::integral<std::remove_const_t<Tgt>>
-void cross_entropy_backward(cuda, tensor_view<const T, cuda, 2> logits, tensor_view<Tgt, cuda, 1> targets,
-                            tensor_view<const T, cuda, 1> lse, tensor_view<T, cuda, 2> dlogits,
+void cross_entropy_backward(cuda, device_in_view<T, 2> logits, tensor_view<Tgt, cuda, 1> targets, device_in_view<T, 1> lse, tensor_view<T, cuda, 2> dlogits,
                             cross_entropy_workspace& ws, T dloss = T(1), cross_entropy_options opt = {},
                             bool accumulate = true, cudaStream_t stream = nullptr) {
   const char* fn = "ops::cross_entropy_backward(cuda)";

@@ -21,6 +21,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 namespace loom::ops {
 namespace kernels {
 
@@ -63,8 +65,9 @@ __global__ void rmsnorm_backward_dw(const T* __restrict__ dy, const T* __restric
 }  // namespace kernels
 
 /// x, y: [rows, dim]; w: [dim]; rstd: [rows] (saved for backward). All device views.
-template <compute_type T, param_type P>
-void rmsnorm_forward(cuda, tensor_view<const T, cuda, 2> x, tensor_view<const P, cuda, 1> w, tensor_view<T, cuda, 2> y,
+template <compute_type T, class P>
+  requires param_type<std::remove_const_t<P>>
+void rmsnorm_forward(cuda, device_in_view<T, 2> x, tensor_view<P, cuda, 1> w, tensor_view<T, cuda, 2> y,
                      tensor_view<T, cuda, 1> rstd, T eps, cudaStream_t stream = nullptr) {
   const char* fn = "ops::rmsnorm_forward(cuda)";
   const index_t n = x.extent(0), d = x.extent(1);
@@ -82,9 +85,10 @@ void rmsnorm_forward(cuda, tensor_view<const T, cuda, 2> x, tensor_view<const P,
 }
 
 /// dx += d/dx, dw += d/dw of rmsnorm; shapes as in forward.
-template <compute_type T, param_type P>
-void rmsnorm_backward(cuda, tensor_view<const T, cuda, 2> dy, tensor_view<const T, cuda, 2> x,
-                      tensor_view<const P, cuda, 1> w, tensor_view<const T, cuda, 1> rstd, tensor_view<T, cuda, 2> dx,
+template <compute_type T, class P>
+  requires param_type<std::remove_const_t<P>>
+void rmsnorm_backward(cuda, device_in_view<T, 2> dy, device_in_view<T, 2> x, tensor_view<P, cuda, 1> w,
+                      device_in_view<T, 1> rstd, tensor_view<T, cuda, 2> dx,
                       tensor_view<T, cuda, 1> dw, cudaStream_t stream = nullptr) {
   const char* fn = "ops::rmsnorm_backward(cuda)";
   const index_t n = x.extent(0), d = x.extent(1);

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 
 namespace loom::ops {
 namespace kernels {
@@ -99,8 +100,9 @@ inline constexpr index_t sum_of_squares_workspace = 1 + kernels::norm_blocks;
 /// sum x^2 over a device vector (accumulated in double) into workspace(0), and nonfinite(0) = 1
 /// when any element is +-inf or NaN (nonfinite is not cleared: several buffers can share the
 /// flag; zero it before the first). workspace: [sum_of_squares_workspace] doubles on the device.
-template <floating_element T>
-void sum_of_squares(cuda, tensor_view<const T, cuda, 1> x, tensor_view<double, cuda, 1> workspace,
+template <class T>
+  requires floating_element<std::remove_const_t<T>>
+void sum_of_squares(cuda, tensor_view<T, cuda, 1> x, tensor_view<double, cuda, 1> workspace,
                     tensor_view<int, cuda, 1> nonfinite, cudaStream_t stream = nullptr) {
   const char* fn = "ops::sum_of_squares(cuda)";
   detail::require_contiguous(x, fn, "x");

@@ -37,7 +37,7 @@ __global__ void rope(T* __restrict__ x, const T* __restrict__ cos, const T* __re
 
 namespace detail {
 template <compute_type T>
-void rope_rotate(tensor_view<T, cuda, 4> x, tensor_view<const T, cuda, 2> cos, tensor_view<const T, cuda, 2> sin,
+void rope_rotate(tensor_view<T, cuda, 4> x, device_in_view<T, 2> cos, device_in_view<T, 2> sin,
                  rope_style style, index_t pos0, T sign, cudaStream_t stream, const char* fn) {
   const index_t b = x.extent(0), s = x.extent(1), h = x.extent(2), hd = x.extent(3), half = cos.extent(1);
   require_contiguous(x, fn, "x");
@@ -58,15 +58,15 @@ void rope_rotate(tensor_view<T, cuda, 4> x, tensor_view<const T, cuda, 2> cos, t
 /// Rotates x [batch, seq, heads, head_dim] in place; token t has position pos0 + t.
 /// cos, sin: [max_seq, rotary_dim / 2] on the device (a host rope_table's, copied).
 template <compute_type T>
-void rope_forward(cuda, tensor_view<T, cuda, 4> x, tensor_view<const T, cuda, 2> cos, tensor_view<const T, cuda, 2> sin,
+void rope_forward(cuda, tensor_view<T, cuda, 4> x, device_in_view<T, 2> cos, device_in_view<T, 2> sin,
                   rope_style style, index_t pos0 = 0, cudaStream_t stream = nullptr) {
   detail::rope_rotate(x, cos, sin, style, pos0, T(1), stream, "ops::rope_forward(cuda)");
 }
 
 /// Turns dL/d(rotated x) into dL/dx in place (the inverse rotation).
 template <compute_type T>
-void rope_backward(cuda, tensor_view<T, cuda, 4> dx, tensor_view<const T, cuda, 2> cos,
-                   tensor_view<const T, cuda, 2> sin, rope_style style, index_t pos0 = 0, cudaStream_t stream = nullptr) {
+void rope_backward(cuda, tensor_view<T, cuda, 4> dx, device_in_view<T, 2> cos,
+                   device_in_view<T, 2> sin, rope_style style, index_t pos0 = 0, cudaStream_t stream = nullptr) {
   detail::rope_rotate(dx, cos, sin, style, pos0, T(-1), stream, "ops::rope_backward(cuda)");
 }
 
