@@ -4,7 +4,7 @@
 //   rmsnorm:   y = x * rstd * w,               rstd = 1 / sqrt(mean(x^2) + eps)
 //   layernorm: y = (x - mean) * rstd * w + b,  rstd = 1 / sqrt(var(x) + eps)  (biased var)
 //
-// The per-element math of RMSNorm is ops/math/norm.hpp's, shared with ops/cuda/norm.cuh.
+// The per-element math of both is ops/math/norm.hpp's (RMSNorm's shared with ops/cuda/norm.cuh).
 // Forward saves the per-row statistics (rstd, and mean for LayerNorm) so backward does not
 // recompute them. Backward ADDS into dx and into the parameter gradients (the convention of
 // every backward in ops/host: gradients accumulate, callers zero them once). Weights may be
@@ -110,11 +110,11 @@ inline void layernorm_forward(host, in_view<T, 2> x, tensor_view<P, host, 1> w, 
     T var = 0;
     LOOM_SIMD_SUM(var)
     for (index_t i = 0; i < d; ++i) var += (xr[i] - m) * (xr[i] - m);
-    const T s = T(1) / std::sqrt(var / T(d) + eps);
+    const T s = math::rmsnorm_rstd(var, T(d), eps);
     mean(r) = m;
     rstd(r) = s;
     LOOM_SIMD
-    for (index_t i = 0; i < d; ++i) yr[i] = (xr[i] - m) * s * load<T>(wp[i]) + load<T>(bp[i]);
+    for (index_t i = 0; i < d; ++i) yr[i] = math::layernorm_y(xr[i], m, s, load<T>(wp[i]), load<T>(bp[i]));
   }
 }
 
@@ -149,7 +149,7 @@ inline void layernorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_v
     LOOM_SIMD
     for (index_t i = 0; i < d; ++i) {
       const T xhat = (xr[i] - m) * s;
-      dxr[i] += s * (dyr[i] * load<T>(wp[i]) - g_mean - xhat * gx_mean);
+      dxr[i] += math::layernorm_dx(dyr[i], load<T>(wp[i]), xhat, s, g_mean, gx_mean);
       dwp[i] += dyr[i] * xhat;
       dbp[i] += dyr[i];
     }

@@ -1,8 +1,12 @@
 #pragma once
-// RMSNorm's per-element math, given the row statistics, for the host and the CUDA kernels.
+// RMSNorm's and LayerNorm's per-element math, given the row statistics, for the host and the
+// CUDA kernels.
 //
-//   forward:  rstd = 1 / sqrt(sum x^2 / d + eps);  y = x * rstd * w
-//   backward: c = (sum dy w x) * rstd^3 / d;  dx = dy w rstd - x c;  dw = dy x rstd
+//   rmsnorm forward:  rstd = 1 / sqrt(sum x^2 / d + eps);  y = x * rstd * w
+//   rmsnorm backward: c = (sum dy w x) * rstd^3 / d;  dx = dy w rstd - x c;  dw = dy x rstd
+//   layernorm forward:  rstd = 1 / sqrt(sum (x - mean)^2 / d + eps);  y = (x - mean) rstd w + b
+//   layernorm backward: xhat = (x - mean) rstd;  dx = rstd (dy w - mean(dy w) - xhat mean(dy w xhat));
+//                       dw = dy xhat;  db = dy
 //
 // Why split this way: the row sums are reductions, which each backend does its own way (a
 // vectorised loop per row on the host, a CUB block reduction on the GPU); everything else is
@@ -50,6 +54,21 @@ LOOM_HOST_DEVICE LOOM_FORCE_INLINE T rmsnorm_dx(T dy, T w, T x, T rstd, T c) noe
 template <class T>
 LOOM_HOST_DEVICE LOOM_FORCE_INLINE T rmsnorm_dw(T dy, T x, T rstd) noexcept {
   return dy * x * rstd;
+}
+
+/// One LayerNorm output element: (x - mean) * rstd * w + b. The rstd is rmsnorm_rstd of the
+/// row's sum of squared deviations (the same formula).
+template <class T>
+LOOM_HOST_DEVICE LOOM_FORCE_INLINE T layernorm_y(T x, T mean, T rstd, T w, T b) noexcept {
+  return (x - mean) * rstd * w + b;
+}
+
+/// One element of LayerNorm's dx from the row means of dy w (g_mean) and dy w xhat (gx_mean).
+/// (The terms of those sums stay in the host kernel for now: written as a function call, Clang
+/// vectorises the `omp simd` reduction in another order, and LayerNorm has no CUDA kernel yet.)
+template <class T>
+LOOM_HOST_DEVICE LOOM_FORCE_INLINE T layernorm_dx(T dy, T w, T xhat, T rstd, T g_mean, T gx_mean) noexcept {
+  return rstd * (dy * w - g_mean - xhat * gx_mean);
 }
 
 }  // namespace loom::ops::math
