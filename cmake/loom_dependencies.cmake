@@ -1,4 +1,4 @@
-# Finds loom's optional dependencies and sets LOOM_HAS_{BLAS,MPI,CUDA,NCCL,SENTENCEPIECE}.
+# Finds loom's optional dependencies and sets LOOM_HAS_{BLAS,MPI,CUDA,NCCL,SENTENCEPIECE,HTTPLIB}.
 # Each LOOM_ENABLE_* is ON (required), OFF, or AUTO (used when found).
 
 find_package(Threads REQUIRED)
@@ -92,4 +92,47 @@ loom_resolve_option(${LOOM_ENABLE_SENTENCEPIECE} _sp_found LOOM_HAS_SENTENCEPIEC
 if(NOT LOOM_HAS_SENTENCEPIECE AND NOT LOOM_ENABLE_SENTENCEPIECE STREQUAL "OFF")
   message(STATUS "loom: SentencePiece not found (apt-get install libsentencepiece-dev sentencepiece python3-sentencepiece): "
                  "no loom::sentencepiece, tokenizer.model files cannot be read and their tests are skipped")
+endif()
+
+# -- cpp-httplib (loom/serve's HTTP server). Debian ships it compiled, with a pkg-config file
+# whose flags must match the library's build (SSL, zlib, brotli); upstream's single header
+# needs nothing but itself. The library is linked by the path found here, as SentencePiece's
+# is, so that the installed loom::httplib needs no pkg-config at the consumer.
+# http_guard.hpp overrides httplib internals that match its signatures only in
+# [httplib_min_version, httplib_end_version) (read from that header, which also checks it at
+# compile time): a version outside fails the configuration, naming it, instead of failing deep
+# in httplib's classes or building a server without its limits.
+set(_httplib_found FALSE)
+if(NOT LOOM_ENABLE_HTTPLIB STREQUAL "OFF")
+  find_package(PkgConfig QUIET)
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(LOOM_CPP_HTTPLIB QUIET cpp-httplib)
+  endif()
+  find_path(LOOM_HTTPLIB_INCLUDE_DIR httplib.h HINTS ${LOOM_CPP_HTTPLIB_INCLUDE_DIRS})
+  if(LOOM_HTTPLIB_INCLUDE_DIR)
+    set(_httplib_found TRUE)
+    file(STRINGS "${LOOM_HTTPLIB_INCLUDE_DIR}/httplib.h" _line REGEX "^#define CPPHTTPLIB_VERSION \"[0-9.]+\"")
+    string(REGEX REPLACE ".*\"([0-9.]+)\".*" "\\1" _found "${_line}")
+    file(STRINGS "${CMAKE_CURRENT_LIST_DIR}/../include/loom/serve/http_guard.hpp" _range
+         REGEX "httplib_(min|end)_version\\[\\] = \"[0-9.]+\"")
+    string(REGEX REPLACE ".*httplib_min_version\\[\\] = \"([0-9.]+)\".*" "\\1" _min "${_range}")
+    string(REGEX REPLACE ".*httplib_end_version\\[\\] = \"([0-9.]+)\".*" "\\1" _end "${_range}")
+    if(NOT _found)
+      message(FATAL_ERROR "loom: cannot read CPPHTTPLIB_VERSION from ${LOOM_HTTPLIB_INCLUDE_DIR}/httplib.h; loom/serve needs "
+                          "cpp-httplib >= ${_min} and < ${_end}. Configure with -DLOOM_ENABLE_HTTPLIB=OFF to build without it.")
+    elseif(_found VERSION_LESS _min OR NOT _found VERSION_LESS _end)
+      message(FATAL_ERROR "loom/serve needs cpp-httplib >= ${_min} and < ${_end} (it overrides httplib's connection loop and "
+                          "task queue, whose interfaces differ outside that range); found ${_found} in "
+                          "${LOOM_HTTPLIB_INCLUDE_DIR}/httplib.h. Install a version in range, or configure with "
+                          "-DLOOM_ENABLE_HTTPLIB=OFF to build without it.")
+    endif()
+    set(LOOM_HTTPLIB_VERSION "${_found}")
+  endif()
+endif()
+loom_resolve_option(${LOOM_ENABLE_HTTPLIB} _httplib_found LOOM_HAS_HTTPLIB)
+if(LOOM_HAS_HTTPLIB)
+  message(STATUS "loom: cpp-httplib ${LOOM_HTTPLIB_VERSION} (loom/serve needs >= ${_min}, < ${_end})")
+elseif(NOT LOOM_ENABLE_HTTPLIB STREQUAL "OFF")
+  message(STATUS "loom: cpp-httplib not found (apt-get install libcpp-httplib-dev): no loom::httplib, the HTTP server "
+                 "and its tests are not built")
 endif()

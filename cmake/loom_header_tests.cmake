@@ -3,7 +3,8 @@
 # compiler, `.cuh` headers by nvcc. A header's dependencies follow from its path (see
 # docs/conventions.md): `.cuh` or a `cuda/` folder -> loom::cuda; `mpi` in the file name ->
 # loom::mpi; `nccl` -> loom::cuda + loom::mpi; `blas` in the name or under a `host/` folder, `nn` or
-# `lora` -> loom::blas; `sentencepiece` in the file name -> loom::sentencepiece; a header that includes
+# `lora` -> loom::blas; `sentencepiece` in the file name -> loom::sentencepiece; `http` in the file
+# name -> loom::httplib; a header that includes
 # <nlohmann/...> -> nlohmann_json. Headers whose dependency is not available are skipped.
 
 function(loom_add_header_tests include_dir)
@@ -17,6 +18,7 @@ function(loom_add_header_tests include_dir)
     set(needs_blas FALSE)
     set(needs_json FALSE)
     set(needs_sp FALSE)
+    set(needs_http FALSE)
     file(STRINGS ${include_dir}/${h} json_include REGEX "#include <nlohmann/")
     if(json_include)
       set(needs_json TRUE)
@@ -34,7 +36,10 @@ function(loom_add_header_tests include_dir)
     if(fname MATCHES "sentencepiece")
       set(needs_sp TRUE)
     endif()
-    if((needs_sp AND NOT LOOM_HAS_SENTENCEPIECE) OR (needs_cuda AND NOT LOOM_HAS_CUDA) OR (needs_mpi AND NOT LOOM_HAS_MPI) OR (needs_blas AND NOT LOOM_HAS_BLAS) OR (needs_json AND NOT LOOM_HAS_JSON))
+    if(fname MATCHES "http")
+      set(needs_http TRUE)
+    endif()
+    if((needs_sp AND NOT LOOM_HAS_SENTENCEPIECE) OR (needs_http AND NOT LOOM_HAS_HTTPLIB) OR (needs_cuda AND NOT LOOM_HAS_CUDA) OR (needs_mpi AND NOT LOOM_HAS_MPI) OR (needs_blas AND NOT LOOM_HAS_BLAS) OR (needs_json AND NOT LOOM_HAS_JSON))
       continue()
     endif()
     string(MAKE_C_IDENTIFIER ${h} id)
@@ -58,7 +63,7 @@ function(loom_add_header_tests include_dir)
   endforeach()
 
   set(deps loom::loom)
-  foreach(t blas mpi cuda sentencepiece)
+  foreach(t blas mpi cuda sentencepiece httplib)
     if(TARGET loom::${t})
       list(APPEND deps loom::${t})
     endif()

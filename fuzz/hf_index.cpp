@@ -1,6 +1,5 @@
-// model.safetensors.index.json of an HF checkpoint folder (examples/llama/generate/
-// llama_loader.hpp: detail::read_hf_tensors, what llama-generate and llama-serve load HF
-// LLaMA and ChatGLM folders with). The input is the index of a scratch folder whose other
+// model.safetensors.index.json of an HF checkpoint folder (loom/io/safetensors_folder.hpp,
+// what llama-generate, llama-serve and the trainer's --init-from open HF folders with). The input is the index of a scratch folder whose other
 // files are real and fixed:
 //   model-00001-of-00002.safetensors   tensors "a" [2, 3] and "b" [4]
 //   model-00002-of-00002.safetensors   tensor "c" [1]
@@ -12,10 +11,11 @@
 // The seeds are written by scripts/make_fuzz_corpus.py.
 #include "fuzz_input.hpp"
 
-#include <llama/generate/llama_loader.hpp>
+#include <loom/io/safetensors_folder.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 namespace {
 
@@ -45,11 +45,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string& dir = folder();
   loom_fuzz::write_file(dir + "/model.safetensors.index.json", data, size);
   loom_fuzz::call([&] {
-    const auto m = llama::detail::read_hf_tensors(dir);
-    if (m.tensors.size() > 3) __builtin_trap();  // an empty weight_map loads nothing; from_tensors names the first missing tensor
-    for (const auto& [name, t] : m.tensors) {
-      const auto f = m.file.find(name);
-      if (f == m.file.end() || std::filesystem::path(f->second).parent_path() != dir) __builtin_trap();
+    const loom::io::safetensors_folder m(dir);
+    const auto names = m.names();
+    if (names.size() > 3) __builtin_trap();  // an empty weight_map opens nothing; the loader names the first missing tensor
+    for (const auto& name : names) {
+      if (!m.find(name) || std::filesystem::path(m.file_of(name)).parent_path() != dir) __builtin_trap();
+      std::vector<float> all(static_cast<std::size_t>(m.find(name)->count));
+      m.read(name, 0, all);  // what the index placed in a shard is read from that shard
     }
   });
   return 0;

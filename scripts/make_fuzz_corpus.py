@@ -396,7 +396,7 @@ dictionary("hf_index", "examples/llama/generate/llama_loader.hpp", ["weight_map"
 dictionary("safetensors", "io/safetensors.hpp", ["__metadata__", "data_offsets"])
 dictionary("chat_jsonl", "data/chat_jsonl.hpp", ["prompt", "response", "history"])
 dictionary("chat_template", "data/chat_jsonl.hpp", ["prompt", "response", "history"])
-dictionary("serve_request", "examples/llama/serve/request.hpp", ["user", "assistant", "system", "model"])
+dictionary("serve_request", "include/loom/serve/request.hpp", ["user", "assistant", "system", "model"])
 dictionary("checkpoint_manifest", "checkpoint/sharded.hpp", ["a", "b", "c", "dp", "tp", "pp", "dynamic", "static",
                                                                             "loom-sharded-checkpoint-1"])
 print("wrote", sum(len(fs) for _, _, fs in os.walk(root)), "seed files under", os.path.normpath(root), file=sys.stderr)

@@ -42,7 +42,7 @@ case "$mode" in
   tsan)
     dir=build-tsan
     # the targets to build, and the CTest tests to run (the server's four tests are one
-    # binary, llama_serve_tests: tests/examples/llama/serve)
+    # binary, llama_serve_tests: tests/serve)
     targets=(core_thread_pool_test comm_thread_comm_test comm_mesh_test sched_all_gather_test sched_reduce_scatter_test
              kv_scheduler_test zero_engine_test pipeline_executor_test comm_fault_thread_test llama_serve_tests)
     cmake -S . -B "$dir" "${common[@]}" -DLOOM_SANITIZE=thread -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_ENABLE_MPI=OFF >/dev/null

@@ -14,6 +14,7 @@
 //   BM_swiglu_{forward,backward}/<model>, BM_rope/<model>, BM_cross_entropy/<model>: the
 //     other kernels of a step on the same shapes (GEMMs inside attention on the kernel
 //     LOOM_SGEMM names, or the best the CPU has).
+//   BM_adamw/<model>: optim::adamw_update over a flat buffer of the model's parameter count.
 //
 // Counters: GFLOP/s (GEMMs and attention, 2 flops a multiply-add), GB/s (elementwise and row
 // kernels: bytes read + written once). Threads: loom's pool (LOOM_NUM_THREADS, else
@@ -27,6 +28,7 @@
 #include <loom/ops/host/norm.hpp>
 #include <loom/ops/host/packed_weight.hpp>
 #include <loom/ops/host/rope.hpp>
+#include <loom/optim/adamw.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -197,6 +199,16 @@ void BM_cross_entropy(benchmark::State& state, model_shape m) {
   set_bytes(state, double(n * v) * 4 * 2);
 }
 
+/// One AdamW step over the whole flat buffer: p, g, m, v read, p, m, v written.
+void BM_adamw(benchmark::State& state, index_t n) {
+  auto p = random_floats(std::size_t(n), 16), g = random_floats(std::size_t(n), 17);
+  auto m = zeros(n), v = zeros(n);
+  std::int64_t t = 0;
+  for (auto _ : state)
+    loom::optim::adamw_update(p, g, m, v, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, ++t);
+  set_bytes(state, double(n) * 4 * 7);
+}
+
 /// Registers every benchmark; kernels the CPU lacks are named on stdout as skipped.
 void register_all() {
   const char* products[] = {"forward_xWT", "dx_dyW", "dW_dyTx"};
@@ -251,6 +263,12 @@ void register_all() {
     benchmark::RegisterBenchmark(("BM_rope" + s).c_str(), BM_rope, m)->Unit(benchmark::kMicrosecond)->UseRealTime();
     benchmark::RegisterBenchmark(("BM_cross_entropy" + s).c_str(), BM_cross_entropy, m)->Unit(benchmark::kMicrosecond)->UseRealTime();
   }
+  const struct {
+    const char* name;
+    index_t params;
+  } adamw_sizes[] = {{"tiny", 1'800'000}, {"small", 8'300'000}, {"medium", 31'600'000}};
+  for (const auto& a : adamw_sizes)
+    benchmark::RegisterBenchmark((std::string("BM_adamw/") + a.name).c_str(), BM_adamw, a.params)->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
 
 }  // namespace

@@ -4,9 +4,9 @@
 // collectives | send: in a pipeline 0 -> 1 -> 2 -> ..., before receiving the activation its
 // neighbour sends it). The other ranks must end with loom::error naming the operation
 // within the timeout (LOOM_COMM_TIMEOUT), and the job must end: the main goes through
-// examples::run_or_fail, which calls MPI_Abort when a rank failed. fault_run.sh runs it with
+// loom::comm::run_or_fail, which calls MPI_Abort when a rank failed. fault_run.sh runs it with
 // a hard time limit and checks what the survivors printed.
-#include <common/fail_fast.hpp>
+#include <loom/comm/fail_fast.hpp>
 
 #include <loom/comm/mpi_comm.hpp>
 
@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   const std::string kind = argc > 1 ? argv[1] : "", where = argc > 2 ? argv[2] : "";
-  const int status = examples::run_or_fail("comm_fault_mpi", [&] {
+  const int status = loom::comm::run_or_fail("comm_fault_mpi", [&] {
     LOOM_CHECK(kind == "throw" || kind == "return" || kind == "stop" || kind == "kill", "comm_fault_mpi: kind=\"", kind,
                "\" (argv[1]) is not throw, return, stop or kill");
     LOOM_CHECK(where == "collective" || where == "between" || where == "send", "comm_fault_mpi: where=\"", where,

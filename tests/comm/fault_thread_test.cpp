@@ -5,6 +5,7 @@
 // within the timeout. Checked mode is off: the timeout must bound the waits on its own.
 // Prints one line per case with the slowest survivor's detection time (the figures of the
 // docs).
+#include <loom/comm/fault_inject.hpp>
 #include <loom/comm/thread_comm.hpp>
 
 #include <doctest/doctest.h>
@@ -148,4 +149,21 @@ TEST_CASE("timeout: on by default, LOOM_COMM_TIMEOUT parsed strictly") {
     CHECK_THROWS_WITH_AS(parse_timeout_seconds(bad_value), doctest::Contains(want.c_str()), loom::error);
   }
   CHECK_THROWS_WITH_AS(loom::comm::set_timeout(std::chrono::milliseconds(-5)), doctest::Contains("got -5"), loom::error);
+}
+
+TEST_CASE("fault injection: LOOM_FAULT_INJECT parsed strictly, naming the variable and the value") {
+  using loom::comm::fault_plan;
+  using loom::comm::parse_fault_plan;
+  const fault_plan p = parse_fault_plan("3:17:return");
+  CHECK((p.rank == 3 && p.step == 17 && p.what == fault_plan::kind::returns));
+  CHECK(parse_fault_plan("0:0:throw").what == fault_plan::kind::throws);
+  CHECK(parse_fault_plan("1:2:stop").what == fault_plan::kind::stop);
+  CHECK(parse_fault_plan("1:2:kill").what == fault_plan::kind::kill);
+  for (const char* bad_value : {"", "1", "1:2", "1:2:", "1:x:throw", "-1:2:throw", "1:2:explode", "1:1234567890123:throw"}) {
+    CAPTURE(bad_value);
+    const std::string want = "LOOM_FAULT_INJECT=\"" + std::string(bad_value) + "\" is not <rank>:<step>";
+    CHECK_THROWS_WITH_AS(parse_fault_plan(bad_value), doctest::Contains(want.c_str()), loom::error);
+  }
+  // unset (as in this test), no rank fails
+  if (!std::getenv("LOOM_FAULT_INJECT")) CHECK_FALSE(loom::comm::inject_fault(0, 0));
 }

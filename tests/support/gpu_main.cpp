@@ -6,10 +6,12 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstring>
 
 int main(int argc, char** argv) {
   if (loom::cuda_device_count() == 0) {
-    std::printf("no CUDA device: skipping GPU test\n");
+    const char* slash = argc > 0 ? std::strrchr(argv[0], '/') : nullptr;
+    std::printf("%s: no CUDA device, skipping this GPU test\n", slash ? slash + 1 : argc > 0 ? argv[0] : "gpu test");
     return 77;
   }
   doctest::Context ctx(argc, argv);

@@ -1,6 +1,7 @@
 #pragma once
 // llama_engine: generation with the one decoder (LLaMA, ChatGLM2/3) over loom's paged KV cache
-// with continuous batching.
+// with continuous batching: loom::kv::engine (the pool, the scheduler, the sampler and the
+// step loop) over llama_paged, which runs a plan through the decoder's layers.
 //
 // One engine step = one scheduler plan: every scheduled token of every sequence (decode
 // tokens and prefill chunks together, ragged) goes through the layers as one [tokens, dim]
@@ -21,50 +22,33 @@
 // CPUs without AVX2 only within rounding), so paged, batched and one-token runs agree bit for
 // bit.
 //
-// The engine is single-threaded; llama-serve drives it from one thread and feeds it requests
-// from many.
 
 #include "llama_loader.hpp"
 
 #include <llama/model3d/llama3d.hpp>
 
 #include <loom/comm/self_comm.hpp>
-#include <loom/kv/block_allocator.hpp>
+#include <loom/kv/engine.hpp>
 #include <loom/kv/paged_attention.hpp>
-#include <loom/kv/paged_kv_cache.hpp>
-#include <loom/kv/sampler.hpp>
-#include <loom/kv/scheduler.hpp>
 #include <loom/nn/workspace.hpp>
 #include <loom/ops/host/common.hpp>
 #include <loom/ops/host/packed_weight.hpp>
 
 #include <cstdint>
-#include <map>
 #include <span>
 #include <vector>
 
 namespace llama {
 
-struct engine_config {
-  std::int32_t num_blocks = 256;  ///< KV pool size in blocks (all layers)
-  std::int32_t block_size = 16;
-  loom::kv::scheduler_config scheduler;  ///< max_model_len is capped at the model's seq_len
-};
+using engine_config = loom::kv::engine_config;
 
-template <loom::kv::kv_element KV = float>
-class llama_engine {
+/// The decoder as loom::kv::engine's model (kv::paged_model).
+class llama_paged {
  public:
-  /// w must outlive the engine (its norms and embedding are read from it on every step).
-  llama_engine(const flat_weights& w, engine_config cfg)
-      : w_(&w),
-        cfg_(clamp(cfg, w.cfg)),
-        layers_(w.cfg, {}, llama3d::split_layers(w.cfg.n_layers, 1, 0), true, true),
-        alloc_(cfg_.num_blocks, cfg_.block_size),
-        cache_(loom::kv::kv_cache_shape{static_cast<std::int32_t>(w.cfg.n_layers), cfg_.num_blocks, cfg_.block_size,
-                                        static_cast<std::int32_t>(w.cfg.n_kv_heads),
-                                        static_cast<std::int32_t>(w.cfg.head_dim())}),
-        sched_(cfg_.scheduler, alloc_) {
-    const llama::config& c = w.cfg;
+  /// w must outlive the model (its norms and embedding are read from it on every step).
+  explicit llama_paged(const flat_weights& w)
+      : w_(&w), layers_(w.cfg, {}, llama3d::split_layers(w.cfg.n_layers, 1, 0), true, true) {
+    w.cfg.validate();
     LOOM_CHECK(w.params.size() == layers_.layout.size(), "llama_engine: the weights hold ", w.params.size(),
                " parameters, the layout of their config ", layers_.layout.size());
     for (std::size_t l = 0; l < layers_.blocks.size(); ++l) {
@@ -73,89 +57,29 @@ class llama_engine {
       packed_.push_back({b.attention.pack(p), b.feed_forward.pack(p)});
     }
     classifier_ = loom::ops::packed_weight(layers_.output.local().weight().in(unit(layers_.output_unit)));
-    const auto T = static_cast<std::size_t>(cfg_.scheduler.max_num_batched_tokens);
-    const auto S = static_cast<std::size_t>(cfg_.scheduler.max_num_seqs);
-    const auto D = static_cast<std::size_t>(c.dim), V = static_cast<std::size_t>(c.vocab);
+  }
+
+  const llama::config& config() const noexcept { return w_->cfg; }
+  std::int64_t vocab() const noexcept { return w_->cfg.vocab; }
+  std::int64_t max_context() const noexcept { return w_->cfg.seq_len; }
+  loom::kv::kv_cache_shape kv_shape(std::int32_t num_blocks, std::int32_t block_size) const {
+    return {static_cast<std::int32_t>(w_->cfg.n_layers), num_blocks, block_size, static_cast<std::int32_t>(w_->cfg.n_kv_heads),
+            static_cast<std::int32_t>(w_->cfg.head_dim())};
+  }
+  /// Activation buffers for up to `tokens` tokens and `seqs` sampled rows, sized once.
+  void reserve(std::int32_t tokens, std::int32_t seqs) {
+    const auto T = static_cast<std::size_t>(tokens), S = static_cast<std::size_t>(seqs), D = static_cast<std::size_t>(w_->cfg.dim);
     x_ = loom::buffer<float>(T * D);
     xb_ = loom::buffer<float>(T * D);
     h_ = loom::buffer<float>(T * D);
     rstd_ = loom::buffer<float>(T);
     last_ = loom::buffer<float>(S * D);
-    logits_ = loom::buffer<float>(S * V);
-    raw_logits_ = loom::buffer<float>(S * V);
   }
 
-  const llama::config& model_config() const noexcept { return w_->cfg; }
-  const engine_config& config() const noexcept { return cfg_; }
-  loom::kv::scheduler& scheduler() noexcept { return sched_; }
-  loom::kv::block_allocator& allocator() noexcept { return alloc_; }
-  std::size_t kv_bytes() const noexcept { return cache_.bytes(); }
-  std::int64_t tokens_computed() const noexcept { return tokens_computed_; }
-  std::int64_t steps() const noexcept { return steps_; }
-  /// Logits [vocab] of the i-th sampled sequence of the last step (before sampling changed them).
-  std::span<const float> last_logits(std::size_t i) const {
-    LOOM_CHECK(i < sampled_.size(), "llama_engine::last_logits: index ", i, " but the last step sampled ",
-               sampled_.size(), " sequences");
-    const auto V = static_cast<std::size_t>(w_->cfg.vocab);
-    return {raw_logits_.data() + i * V, V};
-  }
-
-  /// Queues a request (token ids are checked against the vocabulary).
-  void add(loom::kv::request r) {
-    for (auto t : r.prompt)
-      LOOM_CHECK(t >= 0 && t < w_->cfg.vocab, "llama_engine::add: request ", r.id, " has token id ", t,
-                 " outside the vocabulary of ", w_->cfg.vocab);
-    sched_.add(std::move(r));
-  }
-  void cancel(std::uint64_t id) { sched_.cancel(id); }
-  bool has_work() const noexcept { return sched_.has_work(); }
-
-  /// Runs one scheduler step; returns the tokens produced.
-  const std::vector<loom::kv::token_event>& step() {
-    const loom::kv::step_plan& plan = sched_.schedule();
-    LOOM_CHECK(!plan.empty() || !sched_.has_work(), "llama_engine::step: the scheduler made no progress with ",
-               sched_.num_waiting(), " waiting and ", sched_.num_running(), " running sequences");
-    for (auto c : plan.copies) cache_.copy_block(c.src, c.dst);
-    sampled_.clear();
-    if (plan.num_tokens() > 0) {
-      const std::int64_t rows = forward(plan), V = w_->cfg.vocab;
-      std::copy_n(logits_.data(), rows * V, raw_logits_.data());
-      std::int64_t row = 0;
-      for (const auto& c : plan.chunks) {
-        if (!c.samples) continue;
-        std::span<float> l(logits_.data() + row++ * V, static_cast<std::size_t>(V));
-        sampled_.push_back(sampler_.sample(l, c.seq->req.sampling, c.seq->tokens,
-                                           static_cast<std::int64_t>(c.seq->tokens.size())));
-      }
-    }
-    ++steps_;
-    tokens_computed_ += plan.num_tokens();
-    return sched_.commit(sampled_);
-  }
-
-  /// Runs the given requests to completion; returns each request's generated tokens.
-  std::map<std::uint64_t, std::vector<loom::kv::token_id>> generate(std::vector<loom::kv::request> reqs) {
-    for (auto& r : reqs) add(std::move(r));
-    std::map<std::uint64_t, std::vector<loom::kv::token_id>> out;
-    while (has_work())
-      for (const auto& e : step()) out[e.id].push_back(e.token);
-    sched_.take_finished();
-    return out;
-  }
-
- private:
-  static engine_config clamp(engine_config cfg, const llama::config& c) {
-    c.validate();
-    if (cfg.scheduler.max_model_len > c.seq_len) cfg.scheduler.max_model_len = static_cast<std::int32_t>(c.seq_len);
-    if (cfg.scheduler.max_num_seqs > cfg.scheduler.max_num_batched_tokens)
-      cfg.scheduler.max_num_seqs = cfg.scheduler.max_num_batched_tokens;
-    return cfg;
-  }
-  std::span<const float> unit(std::size_t u) const { return layers_.layout.unit(w_->params.span(), u); }
-
-  /// The plan's tokens through the layers; the logits of the sampled rows into logits_.
+  /// The plan's tokens through the layers; the logits of the sampled rows into `logits`.
   /// Returns how many rows were sampled.
-  std::int64_t forward(const loom::kv::step_plan& plan) {
+  template <class KV>
+  std::int64_t forward(const loom::kv::step_plan& plan, loom::kv::paged_kv_cache<KV>& cache, std::span<float> logits) {
     using loom::host;
     using loom::index_t;
     using loom::make_view;
@@ -169,7 +93,7 @@ class llama_engine {
     for (std::size_t l = 0; l < layers_.blocks.size(); ++l) {
       const auto& b = layers_.blocks[l];
       const auto p = unit(layers_.first_block_unit + l);
-      auto layer = cache_.layer(static_cast<std::int32_t>(l));
+      auto layer = cache.layer(static_cast<std::int32_t>(l));
       // The attention over the paged pool: this step's keys and values appended, then each
       // query row attends over its sequence so far (decode rows and prefill chunks alike).
       auto paged = [&](auto q, auto k, auto v, auto out) {
@@ -199,34 +123,36 @@ class llama_engine {
     layers_.norm.forward(unit(layers_.head_unit), make_view(static_cast<const float*>(last_.data()), rows, D), xf,
                          make_view(rstd_.data(), rows));
     ops::gemm(host{}, make_view(static_cast<const float*>(xb_.data()), rows, D), classifier_,
-              make_view(logits_.data(), rows, w_->cfg.vocab));
+              make_view(logits.data(), rows, w_->cfg.vocab));
     return rows;
   }
 
+
+ private:
   struct packed_block {
     loom::nn::attention<float>::packed attention;
     loom::nn::swiglu_mlp<float>::packed mlp;
   };
+  std::span<const float> unit(std::size_t u) const { return layers_.layout.unit(w_->params.span(), u); }
 
   const flat_weights* w_;
-  engine_config cfg_;
   llama3d::stage_layers<float> layers_;  // the decoder's layers over w_->params (tp = 1, one stage)
   loom::comm::self_comm self_;
-  loom::kv::block_allocator alloc_;
-  loom::kv::paged_kv_cache<KV> cache_;
-  loom::kv::scheduler sched_;
   std::vector<packed_block> packed_;  // the blocks' weights, packed once for the GEMMs
   loom::ops::packed_weight classifier_;
-  loom::kv::sampler sampler_;
   loom::nn::workspace<float> ws_;  // a layer's q, k, v, attention output / MLP hidden units
   // Activations for up to max_num_batched_tokens tokens:
   loom::buffer<float> x_, xb_, h_;  // [tokens, dim]: residual stream, a branch's input, the stream after attention
   loom::buffer<float> rstd_;        // [tokens]
   loom::buffer<float> last_;        // [seqs, dim]: the sampled rows
-  loom::buffer<float> logits_;      // [seqs, vocab]
-  loom::buffer<float> raw_logits_;  // [seqs, vocab] before penalties and temperature
-  std::vector<loom::kv::token_id> sampled_;
-  std::int64_t tokens_computed_ = 0, steps_ = 0;
+};
+
+template <loom::kv::kv_element KV = float>
+class llama_engine : public loom::kv::engine<llama_paged, KV> {
+ public:
+  /// w must outlive the engine.
+  llama_engine(const flat_weights& w, engine_config cfg) : loom::kv::engine<llama_paged, KV>(cfg, w) {}
+  const llama::config& model_config() const noexcept { return this->model().config(); }
 };
 
 }  // namespace llama

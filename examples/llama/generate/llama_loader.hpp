@@ -14,8 +14,11 @@
 // and the tokenizer that comes with llama2.c models. `load_checkpoint` picks the format from
 // the path: a folder or *.safetensors file is HF, anything else llama2.c. `export_hf` writes
 // a trained model back as an HF folder of its model_type. `hf_folder` opens an HF folder for
-// range reads (headers first, then any slice of any tensor): the mesh trainer's
-// llama3d::init_from_hf reads through it only what each rank owns.
+// range reads (headers first, then any slice of any tensor): load_hf_safetensors reads every
+// tensor through it, the mesh trainer's llama3d::init_from_hf only what each rank owns.
+// What is not this model's lives in loom::io: the shards and their index
+// (io/safetensors_folder.hpp), config.json's family and ChatGLM's keys (io/hf_config.hpp);
+// here is the mapping of names and configs onto the one decoder.
 
 #include <llama/model/config.hpp>
 #include <llama/model3d/llama3d.hpp>
@@ -23,8 +26,10 @@
 #include <loom/checkpoint/sharded.hpp>
 #include <loom/core/buffer.hpp>
 #include <loom/core/random.hpp>
+#include <loom/io/hf_config.hpp>
 #include <loom/io/llama2c.hpp>
 #include <loom/io/safetensors.hpp>
+#include <loom/io/safetensors_folder.hpp>
 #include <loom/io/tensor_map.hpp>
 
 #include <algorithm>
@@ -125,166 +130,72 @@ inline std::string chatglm_name(const std::string& meta) {
   return rename_in(meta, top, "transformer.encoder.layers.", layer, "HF ChatGLM");
 }
 
-/// A checkpoint's tensors and the file each came from (for messages).
-struct named_tensors {
-  loom::io::tensor_map tensors;
-  std::map<std::string, std::string> file;
-
-  void add(const std::filesystem::path& f) {
-    for (auto& [name, t] : loom::io::read_safetensors(f.string())) {
-      LOOM_CHECK(!tensors.contains(name), "tensor '", name, "' is in both '", file[name], "' and '", f.string(), "'");
-      file[name] = f.string();
-      tensors.emplace(name, std::move(t));
-    }
-  }
-};
-
-/// The shard files of HF folder `p` and the tensors each holds as its
-/// model.safetensors.index.json lists them (each file must exist), or, without an index, every
-/// *.safetensors in it (tensors unlisted: empty).
-inline std::map<std::string, std::vector<std::string>> hf_shard_files(const std::filesystem::path& p) {
-  namespace fs = std::filesystem;
-  std::map<std::string, std::vector<std::string>> shards;  // file -> its tensors
-  const fs::path index = p / "model.safetensors.index.json";
-  if (fs::exists(index)) {
-    const std::string what = "'" + index.string() + "'";
-    const auto j = loom::data::parse_json_input(loom::io::detail::read_file_bytes(index.string()), what);
-    LOOM_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), what,
-               ": no \"weight_map\" object");
-    for (const auto& [name, f] : j["weight_map"].items()) {
-      LOOM_CHECK(f.is_string(), what, ": weight_map[\"", name.substr(0, 128), "\"] is not a file name");
-      const auto file = f.get<std::string>();
-      LOOM_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..", what,
-                 ": weight_map[\"", name.substr(0, 128), "\"] = \"", file.substr(0, 128), "\" is not a file of the folder");
-      shards[file].push_back(name);
-    }
-    for (const auto& [file, names] : shards)
-      LOOM_CHECK(fs::is_regular_file(p / file), "shard '", (p / file).string(), "' (tensor '", names.front().substr(0, 128),
-                 "' in ", what, ") is missing");
-    return shards;
-  }
-  for (auto& e : fs::directory_iterator(p))
-    if (e.path().extension() == ".safetensors") shards[e.path().filename().string()];
-  LOOM_CHECK(!shards.empty(), "no .safetensors file in '", p.string(), "'");
-  return shards;
-}
-
-/// The tensors of an HF checkpoint: one .safetensors file, or a folder's shards (hf_shard_files;
-/// each must hold the tensors the index places in it).
-inline named_tensors read_hf_tensors(const std::filesystem::path& p) {
-  namespace fs = std::filesystem;
-  named_tensors out;
-  if (!fs::is_directory(p)) {
-    out.add(p);
-    return out;
-  }
-  for (const auto& [file, names] : hf_shard_files(p)) {
-    out.add(p / file);
-    for (const auto& n : names)
-      LOOM_CHECK(out.tensors.contains(n) && out.file[n] == (p / file).string(), "'",
-                 (p / "model.safetensors.index.json").string(), "' places tensor '", n.substr(0, 128), "' in '",
-                 (p / file).string(), "', which does not hold it");
-  }
-  return out;
+/// A tensor's shape as messages write it: [a,b].
+inline std::string shape_string(std::span<const std::int64_t> shape) {
+  std::string r;
+  for (auto x : shape) r.append(r.empty() ? "" : ",").append(std::to_string(x));
+  return "[" + r + "]";
 }
 
 /// The parameters of config c from a checkpoint's tensors m (`rename`: a layout name -> the
 /// checkpoint's). A missing tensor is a loom::error naming it and the checkpoint (`where`), a
-/// misshapen one naming it, its file (`files`, when known) and both shapes.
+/// misshapen one naming it and both shapes.
 inline flat_weights from_tensors(const config& c, const loom::io::tensor_map& m,
-                                 std::string (*rename)(const std::string&) = nullptr, const std::string& where = "",
-                                 const std::map<std::string, std::string>* files = nullptr) {
+                                 std::string (*rename)(const std::string&) = nullptr, const std::string& where = "") {
   return flat_weights::fill(c, [&](const loom::nn::param_info& e) {
     const std::string name = rename ? rename(e.name) : e.name;
     const auto it = m.find(name);
     LOOM_CHECK(it != m.end(), "tensor '", name, "' is missing from the checkpoint '", where, "'");
-    if (!std::equal(it->second.shape.begin(), it->second.shape.end(), e.shape.begin(), e.shape.end())) {
-      const auto str = [](const auto& shape) {
-        std::string r;
-        for (auto x : shape) r.append(r.empty() ? "" : ",").append(std::to_string(x));
-        return r;
-      };
-      LOOM_THROW("tensor '", name, "' in '", files ? files->at(name) : where, "' has shape [", str(it->second.shape),
-                 "], its config gives [", str(e.shape), "]");
-    }
+    LOOM_CHECK(std::ranges::equal(it->second.shape, e.shape), "tensor '", name, "' in '", where, "' has shape ",
+               shape_string(it->second.shape), ", its config gives ", shape_string(e.shape));
     return std::span<const float>(it->second.data.data(), e.numel);
   });
 }
-inline flat_weights from_tensors(const config& c, const named_tensors& m, const std::string& where,
-                                 std::string (*rename)(const std::string&) = nullptr) {
-  return from_tensors(c, m.tensors, rename, where, &m.file);
-}
 
-/// ChatGLM2/3's config.json (`j`, read from `path`) as the decoder's config; ChatGLM-6B v1 and
-/// variants the decoder does not run are refused, naming the key.
+/// ChatGLM2/3's config.json (`j`, read from `path`: loom::io::read_hf_chatglm_config) as the
+/// decoder's config.
 inline config chatglm_config(const nlohmann::json& j, const std::string& path) {
-  const std::string what = "config '" + path + "'";
-  LOOM_CHECK(!j.contains("position_encoding_2d") && !j.contains("inner_hidden_size") && j.contains("padded_vocab_size"), what,
-             ": ChatGLM-6B v1 (position_encoding_2d, no padded_vocab_size) is not supported: the decoder has no GLM 2D "
-             "positions, bidirectional context mask, GeLU MLP, LayerNorm with bias, nor post-norm residuals scaled by "
-             "sqrt(2 layers); ChatGLM2/3 are");
-  const auto integer = [&](const char* key, std::int64_t max, std::optional<std::int64_t> fallback = std::nullopt) {
-    LOOM_CHECK(j.contains(key) || fallback, what, ": missing \"", key, "\"");
-    if (!j.contains(key)) return static_cast<index_t>(*fallback);
-    return static_cast<index_t>(loom::data::json_integer(j[key], what + ": \"" + key + "\"", 1, max));
-  };
-  const auto flag = [&](const char* key, bool fallback) {
-    if (!j.contains(key)) return fallback;
-    LOOM_CHECK(j[key].is_boolean(), what, ": \"", key, "\" must be true or false, got ", loom::data::quote_json(j[key]));
-    return j[key].get<bool>();
-  };
-  const auto real = [&](const char* key, double min, double max, double fallback) {
-    return j.contains(key) ? loom::data::json_real<double>(j[key], what + ": \"" + key + "\"", min, max) : fallback;
-  };
-  // the settings ChatGLM2/3 ship with; another value is a model the decoder does not run
-  for (auto [key, want] : {std::pair{"rmsnorm", true}, std::pair{"post_layer_norm", true}, std::pair{"add_bias_linear", false},
-                           std::pair{"apply_residual_connection_post_layernorm", false}})
-    LOOM_CHECK(flag(key, want) == want, what, ": \"", key, "\" = ", want ? "false" : "true",
-               " is not supported (the decoder runs ", want ? "true" : "false", ")");
+  const auto h = loom::io::read_hf_chatglm_config(j, path);
   config c = config::chatglm();
-  c.n_layers = integer("num_layers", 1 << 14);
-  c.dim = integer("hidden_size", 1 << 20);
-  c.hidden_dim = integer("ffn_hidden_size", 1 << 22);
-  c.n_heads = integer("num_attention_heads", 1 << 16);
-  c.n_kv_heads = flag("multi_query_attention", false) ? integer("multi_query_group_num", 1 << 16) : c.n_heads;
-  c.vocab = integer("padded_vocab_size", 1 << 26);
-  c.seq_len = integer("seq_length", 1 << 30, 2048);
-  c.norm_eps = real("layernorm_epsilon", 0.0, 1.0, 1e-5);
-  c.rope_theta = 10000.0 * real("rope_ratio", 1e-6, 1e8, 1.0);
-  c.qkv_bias = flag("add_qkv_bias", false);
-  LOOM_CHECK(!flag("tie_word_embeddings", false), what, ": \"tie_word_embeddings\" = true is not supported (ChatGLM's output_layer is its own)");
-  LOOM_CHECK(c.dim % c.n_heads == 0, what, ": hidden_size=", c.dim, " is not divisible by num_attention_heads=", c.n_heads);
-  LOOM_CHECK(integer("kv_channels", 1 << 16, c.dim / c.n_heads) == c.dim / c.n_heads, what,
-             ": kv_channels must be hidden_size / num_attention_heads (", c.dim / c.n_heads, ")");
-  LOOM_CHECK(c.n_heads % c.n_kv_heads == 0, what, ": num_attention_heads=", c.n_heads,
-             " is not divisible by multi_query_group_num=", c.n_kv_heads);
-  LOOM_CHECK(c.head_dim() % 4 == 0, what, ": the head dimension (", c.head_dim(),
-             ") must be a multiple of 4: ChatGLM rotates its first half in pairs");
+  c.n_layers = h.num_layers, c.dim = h.hidden_size, c.hidden_dim = h.ffn_hidden_size, c.n_heads = h.num_attention_heads;
+  c.n_kv_heads = h.multi_query_group_num, c.vocab = h.padded_vocab_size, c.seq_len = h.seq_length;
+  c.norm_eps = h.layernorm_epsilon, c.rope_theta = 10000.0 * h.rope_ratio, c.qkv_bias = h.add_qkv_bias;
   c.validate();
   return c;
 }
-
-/// The HF family a config.json names: its model_type (llama, chatglm), or, without one, its
-/// architectures (ChatGLM*, Llama*; another is refused), else llama.
-inline std::string hf_family(const nlohmann::json& j, const std::string& path) {
-  if (j.contains("model_type")) {
-    LOOM_CHECK(j["model_type"].is_string(), "config '", path, "': \"model_type\" must be a string, got ",
-               loom::data::quote_json(j["model_type"]));
-    const auto t = j["model_type"].get<std::string>();
-    LOOM_CHECK(t == "llama" || t == "chatglm", "config '", path, "': model_type \"", t.substr(0, 64),
-               "\" is not an architecture loom reads (llama, chatglm)");
-    return t;
-  }
-  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
-    for (const auto& a : j["architectures"]) {
-      if (a.is_string() && a.get<std::string>().starts_with("ChatGLM")) return "chatglm";
-      if (a.is_string() && a.get<std::string>().starts_with("Llama")) return "llama";
-    }
-    LOOM_THROW("config '", path, "': architectures ", loom::data::quote_json(j["architectures"]).substr(0, 128),
-               " names no architecture loom reads (Llama*, ChatGLM*) and there is no model_type");
-  }
-  return "llama";
+/// The inverse: config c as ChatGLM's config.json keys (loom::io::hf_chatglm_config_json writes them).
+inline loom::io::hf_chatglm_config chatglm_hf_config(const config& c) {
+  const auto i32 = [](auto v) { return static_cast<std::int32_t>(v); };
+  return {i32(c.n_layers), i32(c.dim),     i32(c.hidden_dim), i32(c.n_heads), i32(c.n_kv_heads),
+          i32(c.vocab),    i32(c.seq_len), c.norm_eps,        c.rope_theta / 10000.0, c.qkv_bias};
 }
+/// config.json for config c, as its family (c.model_type) writes it: export_hf writes it, and
+/// llama3d::init_from_hf compares a folder's with its trainer's key by key.
+inline nlohmann::json hf_config_json(const config& c, const std::string& dtype = "F32") {
+  if (c.model_type == "chatglm") return loom::io::hf_chatglm_config_json(chatglm_hf_config(c), dtype);
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_act", "silu"},
+          {"hidden_size", c.dim},
+          {"intermediate_size", c.hidden_dim},
+          {"num_hidden_layers", c.n_layers},
+          {"num_attention_heads", c.n_heads},
+          {"num_key_value_heads", c.n_kv_heads},
+          {"vocab_size", c.vocab},
+          {"max_position_embeddings", c.seq_len},
+          {"rms_norm_eps", c.norm_eps},
+          {"rope_theta", c.rope_theta},
+          {"tie_word_embeddings", c.tied_output},
+          {"torch_dtype", loom::io::hf_torch_dtype(dtype)}};
+}
+/// HF's row of Meta's q/k row `row` (head dimension hd): HF rotates the two halves of a head
+/// where Meta rotates adjacent pairs, so row h*hd + 2i + p (pair i, component p) is stored at
+/// h*hd + p*hd/2 + i (HF's converter's permutation).
+inline std::size_t half_split_row(std::size_t row, std::size_t hd) {
+  const std::size_t j = row % hd;
+  return row - j + (j % 2) * (hd / 2) + j / 2;
+}
+
 }  // namespace detail
 
 /// llama2.c checkpoint -> weights.
@@ -299,20 +210,10 @@ inline flat_weights load_llama2c(const std::string& path) {
 }
 
 namespace detail {
-/// config.json of an HF folder (`dir`): the JSON object, and its path for messages.
-inline std::pair<nlohmann::json, std::string> read_hf_config_json(const std::filesystem::path& dir) {
-  const std::string config_path = (dir / "config.json").string();
-  auto j = loom::data::parse_json_input(loom::io::detail::read_file_bytes(config_path), "config '" + config_path + "'");
-  LOOM_CHECK(j.is_object(), "config '", config_path, "': not a JSON object");
-  return {std::move(j), config_path};
-}
-
-/// The decoder's config from config.json `j` (read from `config_path`) of family
-/// hf_family(j): ChatGLM2/3's keys, or HF LLaMA's with half-split rotary (the q/k rows HF
-/// stores are permuted for it) and the output tied when the config says so or the weights
-/// have no lm_head (`has_lm_head`).
-inline config hf_config(const nlohmann::json& j, const std::string& config_path, bool has_lm_head) {
-  if (hf_family(j, config_path) == "chatglm") return chatglm_config(j, config_path);
+/// The decoder's config from HF LLaMA's config.json (`config_path`): half-split rotary (the
+/// q/k rows HF stores are permuted for it) and the output tied when the config says so or the
+/// weights have no lm_head (`has_lm_head`).
+inline config llama_hf_config(const std::string& config_path, bool has_lm_head) {
   const auto hc = loom::io::read_hf_llama_config(config_path);
   config c;
   c.dim = hc.hidden_size, c.hidden_dim = hc.intermediate_size, c.n_layers = hc.num_hidden_layers;
@@ -324,90 +225,73 @@ inline config hf_config(const nlohmann::json& j, const std::string& config_path,
 }
 }  // namespace detail
 
-/// HF LLaMA or ChatGLM2/3 (config.json's model_type): `path` is a folder with config.json and
-/// its safetensors (model.safetensors.index.json's shards, or every *.safetensors), or one
-/// .safetensors file with config.json next to it.
-inline flat_weights load_hf_safetensors(const std::string& path) {
-  namespace fs = std::filesystem;
-  const fs::path p(path);
-  const auto [j, config_path] = detail::read_hf_config_json(fs::is_directory(p) ? p : p.parent_path());
-  if (detail::hf_family(j, config_path) == "chatglm") {
-    const config c = detail::chatglm_config(j, config_path);  // before the tensors: a v1 model is refused unread
-    return detail::from_tensors(c, detail::read_hf_tensors(p), path, detail::chatglm_name);
-  }
-  const detail::named_tensors m = detail::read_hf_tensors(p);
-  return detail::from_tensors(detail::hf_config(j, config_path, m.tensors.contains("lm_head.weight")), m, path,
-                              detail::hf_name);
-}
-
-/// An HF folder (LLaMA or ChatGLM2/3) opened for range reads: config.json and every shard's
-/// header, no tensor data. Each read touches only the bytes of the elements it asks for, and
-/// is counted (bytes_read), so a caller that reads slices can show that it read no more.
+/// An HF checkpoint (LLaMA or ChatGLM2/3, config.json's model_type) opened for range reads:
+/// config.json, then every shard's header (loom::io::safetensors_folder), no tensor data.
+/// `path` is a folder with config.json and its safetensors (model.safetensors.index.json's
+/// shards, or every *.safetensors), or one .safetensors file with config.json next to it.
+/// load_hf_safetensors reads every tensor through it; llama3d::init_from_hf the slices a rank owns.
 class hf_folder {
  public:
-  explicit hf_folder(const std::string& folder) : dir_(folder) {
-    namespace fs = std::filesystem;
-    LOOM_CHECK(fs::is_directory(dir_), "HF folder '", folder, "' is not a directory");
-    auto [j, config_path] = detail::read_hf_config_json(dir_);
-    config_path_ = config_path;
-    family_ = detail::hf_family(j, config_path_);  // an unknown model_type is refused before any shard is opened
-    const bool indexed = fs::exists(dir_ / "model.safetensors.index.json");
-    for (const auto& [file, names] : detail::hf_shard_files(dir_)) {
-      files_.push_back(loom::io::read_safetensors_index((dir_ / file).string()));
-      const auto& ix = files_.back();
-      file_bytes_ += fs::file_size(ix.path);
-      header_bytes_ += ix.data_start;
-      for (const auto& n : names)
-        LOOM_CHECK(ix.tensors.contains(n), "'", (dir_ / "model.safetensors.index.json").string(), "' places tensor '",
-                   n.substr(0, 128), "' in '", ix.path, "', which does not hold it");
-      for (const auto& [n, e] : ix.tensors) {
-        if (indexed && std::find(names.begin(), names.end(), n) == names.end()) continue;  // the index decides
-        LOOM_CHECK(where_.emplace(n, files_.size() - 1).second, "tensor '", n.substr(0, 128), "' is in both '",
-                   files_[where_[n]].path, "' and '", ix.path, "'");
-      }
-    }
-    cfg_ = detail::hf_config(j, config_path_, where_.contains("lm_head.weight"));
-  }
+  explicit hf_folder(const std::string& path) : hf_folder(path, loom::io::read_hf_config_json(config_dir(path))) {}
 
   const config& cfg() const noexcept { return cfg_; }
   /// llama or chatglm (config.json's model_type).
   const std::string& family() const noexcept { return family_; }
-  std::string path() const { return dir_.string(); }
+  const std::string& path() const noexcept { return tensors_.path(); }
   const std::string& config_path() const noexcept { return config_path_; }
   /// The folder's name of a tensor of the layout (Meta's name).
   std::string name_of(const std::string& meta) const {
     return family_ == "chatglm" ? detail::chatglm_name(meta) : detail::hf_name(meta);
   }
-  /// HF tensor `name`'s header entry, or nullptr when no shard holds it.
-  const loom::io::safetensors_entry* find(const std::string& name) const {
-    const auto it = where_.find(name);
-    return it == where_.end() ? nullptr : &files_[it->second].tensors.at(name);
+  /// The folder's tensor for parameter `e` of the layout; a loom::error names it when no shard
+  /// holds it, or its file and both shapes when config.json gives another shape.
+  const loom::io::safetensors_entry& check(const loom::nn::param_info& e) const {
+    const std::string hf = name_of(e.name);
+    const auto* t = tensors_.find(hf);
+    LOOM_CHECK(t, "tensor '", hf, "' is missing from the checkpoint '", path(), "' (no shard holds it)");
+    LOOM_CHECK(std::ranges::equal(t->shape, e.shape), "tensor '", hf, "' in '", tensors_.file_of(hf), "' has shape ",
+               detail::shape_string(t->shape), ", its config gives ", detail::shape_string(e.shape), " ('", config_path_, "')");
+    return *t;
   }
-  /// The file that holds HF tensor `name` (find(name) != nullptr).
-  const std::string& file_of(const std::string& name) const { return files_[where_.at(name)].path; }
   /// Elements [first, first + out.size()) of HF tensor `name` (row-major), widened to float.
-  void read(const std::string& name, std::uint64_t first, std::span<float> out) const {
-    const auto it = where_.find(name);
-    LOOM_CHECK(it != where_.end(), "HF folder '", dir_.string(), "': no tensor '", name.substr(0, 128), "'");
-    const auto& ix = files_[it->second];
-    loom::io::read_safetensors_range(ix, name, first, out);
-    bytes_read_ += out.size() * loom::io::detail::dtype_size(ix.tensors.at(name).dtype);
-  }
-  /// Tensor data bytes read so far; the headers' bytes (read once each, by the constructor);
-  /// the shard files' sizes.
-  std::uint64_t bytes_read() const noexcept { return bytes_read_; }
-  std::uint64_t header_bytes() const noexcept { return header_bytes_; }
-  std::uint64_t file_bytes() const noexcept { return file_bytes_; }
+  void read(const std::string& name, std::uint64_t first, std::span<float> out) const { tensors_.read(name, first, out); }
+  /// Tensor data bytes read so far; the headers' bytes; the shard files' sizes.
+  std::uint64_t bytes_read() const noexcept { return tensors_.bytes_read(); }
+  std::uint64_t header_bytes() const noexcept { return tensors_.header_bytes(); }
+  std::uint64_t file_bytes() const noexcept { return tensors_.file_bytes(); }
 
  private:
-  std::filesystem::path dir_;
+  static std::filesystem::path config_dir(const std::string& path) {
+    const std::filesystem::path p(path);
+    LOOM_CHECK(std::filesystem::exists(p), "HF folder '", path, "' does not exist");
+    return std::filesystem::is_directory(p) ? p : p.parent_path();
+  }
+  // The family and a ChatGLM config before any shard is opened: an unknown model_type or a
+  // ChatGLM-6B v1 is refused unread. LLaMA's tied output depends on whether there is an lm_head.
+  hf_folder(const std::string& path, const std::pair<nlohmann::json, std::string>& j)
+      : config_path_(j.second),
+        family_(loom::io::hf_model_type(j.first, config_path_)),
+        cfg_(family_ == "chatglm" ? detail::chatglm_config(j.first, config_path_) : config{}),
+        tensors_(path) {
+    if (family_ == "llama") cfg_ = detail::llama_hf_config(config_path_, tensors_.find("lm_head.weight") != nullptr);
+  }
+
   std::string config_path_, family_;
   config cfg_;
-  std::vector<loom::io::safetensors_index> files_;
-  std::map<std::string, std::size_t> where_;  // HF name -> files_ index
-  mutable std::uint64_t bytes_read_ = 0;
-  std::uint64_t header_bytes_ = 0, file_bytes_ = 0;
+  loom::io::safetensors_folder tensors_;
 };
+
+/// HF LLaMA or ChatGLM2/3 (hf_folder's `path`): every tensor of the model, read whole.
+inline flat_weights load_hf_safetensors(const std::string& path) {
+  const hf_folder f(path);
+  loom::buffer<float> t;
+  return flat_weights::fill(f.cfg(), [&](const loom::nn::param_info& e) {
+    f.check(e);
+    t = loom::buffer<float>(e.numel);
+    f.read(f.name_of(e.name), 0, t.span());
+    return std::span<const float>(t.span());
+  });
+}
 
 /// The decoder's config that HF folder `folder`'s config.json describes (LLaMA: half-split
 /// rotary, as HF stores q/k; ChatGLM2/3), e.g. to build a trainer for llama3d::init_from_hf.
@@ -419,40 +303,6 @@ inline flat_weights load_checkpoint(const std::string& path) {
   if (fs::is_directory(path) || fs::path(path).extension() == ".safetensors") return load_hf_safetensors(path);
   return load_llama2c(path);
 }
-
-namespace detail {
-inline const char* torch_dtype(const std::string& dtype) {
-  return dtype == "F32" ? "float32" : dtype == "F16" ? "float16" : "bfloat16";
-}
-/// config.json of an HF ChatGLM2/3 folder for config c (the keys chatglm_config reads, and
-/// the fixed settings of the family).
-inline nlohmann::json chatglm_config_json(const config& c, const std::string& dtype) {
-  return {{"architectures", {"ChatGLMModel"}},
-          {"model_type", "chatglm"},
-          {"num_layers", c.n_layers},
-          {"hidden_size", c.dim},
-          {"ffn_hidden_size", c.hidden_dim},
-          {"num_attention_heads", c.n_heads},
-          {"kv_channels", c.head_dim()},
-          {"multi_query_attention", c.n_kv_heads != c.n_heads},
-          {"multi_query_group_num", c.n_kv_heads},
-          {"padded_vocab_size", c.vocab},
-          {"seq_length", c.seq_len},
-          {"layernorm_epsilon", c.norm_eps},
-          {"rope_ratio", c.rope_theta / 10000.0},
-          {"rmsnorm", true},
-          {"post_layer_norm", true},
-          {"add_bias_linear", false},
-          {"add_qkv_bias", c.qkv_bias},
-          {"apply_residual_connection_post_layernorm", false},
-          {"apply_query_key_layer_scaling", true},
-          {"attention_softmax_in_fp32", true},
-          {"fp32_residual_connection", false},
-          {"original_rope", true},
-          {"tie_word_embeddings", false},
-          {"torch_dtype", torch_dtype(dtype)}};
-}
-}  // namespace detail
 
 /// Writes sharded checkpoint `ckpt` (of a model with config `c`) as a Hugging Face folder of
 /// c.model_type: config.json, the family's tensor names, safetensors shards cut at
@@ -470,7 +320,7 @@ inline int export_hf(const std::string& ckpt, const std::string& out_dir, const 
   if (c.model_type == "chatglm") {
     LOOM_CHECK(!c.tied_output, "llama::export_hf: a ChatGLM has its own output_layer; this config has tied_output=true");
     o.rename = detail::chatglm_name;
-    o.config_json = detail::chatglm_config_json(c, dtype).dump(2) + "\n";
+    o.config_json = detail::hf_config_json(c, dtype).dump(2) + "\n";
     return loom::checkpoint::export_folder(ckpt, out_dir, o);
   }
   LOOM_CHECK(!c.fused_qkv && !c.fused_gate_up && !c.qkv_bias && c.partial_rotary_factor == 1.0,
@@ -481,30 +331,13 @@ inline int export_hf(const std::string& ckpt, const std::string& out_dir, const 
   if (c.rope == loom::ops::rope_style::interleaved)
     o.transform = [&c](const std::string& name, std::span<float> t) {
       if (!name.ends_with("attention.wq.weight") && !name.ends_with("attention.wk.weight")) return;
-      // row h*hd + 2i + p (pair i, component p) goes to h*hd + p*hd/2 + i
       const auto hd = static_cast<std::size_t>(c.head_dim()), cols = static_cast<std::size_t>(c.dim);
       const std::vector<float> in(t.begin(), t.end());
-      for (std::size_t row = 0; row < t.size() / cols; ++row) {
-        const std::size_t h = row / hd, i = (row % hd) / 2, p = row % 2;
+      for (std::size_t row = 0; row < t.size() / cols; ++row)
         std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(row * cols), cols,
-                    t.begin() + static_cast<std::ptrdiff_t>((h * hd + p * hd / 2 + i) * cols));
-      }
+                    t.begin() + static_cast<std::ptrdiff_t>(detail::half_split_row(row, hd) * cols));
     };
-  const nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}},
-                              {"model_type", "llama"},
-                              {"hidden_act", "silu"},
-                              {"hidden_size", c.dim},
-                              {"intermediate_size", c.hidden_dim},
-                              {"num_hidden_layers", c.n_layers},
-                              {"num_attention_heads", c.n_heads},
-                              {"num_key_value_heads", c.n_kv_heads},
-                              {"vocab_size", c.vocab},
-                              {"max_position_embeddings", c.seq_len},
-                              {"rms_norm_eps", c.norm_eps},
-                              {"rope_theta", c.rope_theta},
-                              {"tie_word_embeddings", c.tied_output},
-                              {"torch_dtype", detail::torch_dtype(dtype)}};
-  o.config_json = cfg.dump(2) + "\n";
+  o.config_json = detail::hf_config_json(c, dtype).dump(2) + "\n";
   return loom::checkpoint::export_folder(ckpt, out_dir, o);
 }
 

@@ -1,8 +1,9 @@
 // llama-serve: HTTP server (ChatGLM api.py protocol + OpenAI-compatible completions and chat
 // completions with SSE streaming) over the paged-KV LLaMA engine. Ctrl-C stops it.
-#include "chat_setup.hpp"
 #include "llama_cli.hpp"
 #include "llama_server.hpp"
+
+#include <loom/serve/chat_setup.hpp>
 
 #include <tokenizer_file.hpp>
 
@@ -56,7 +57,8 @@ int main(int argc, char** argv) {
   llama::engine_config ec;
   ec.num_blocks = 1024;
   ec.scheduler.max_num_seqs = 64;
-  llama::server_options opt;
+  loom::serve::server_options opt;
+  opt.model_name = "loom-llama";
   bool threads_given = false;
   std::string template_flag;
   using examples::cli::number;
@@ -79,7 +81,7 @@ int main(int argc, char** argv) {
   };
   const auto check = [&] {
     model.validate();
-    if (!template_flag.empty()) (void)llama::parse_template_flag(template_flag);
+    if (!template_flag.empty()) (void)loom::serve::parse_template_flag(template_flag);
     if (!threads_given) opt.http.threads = std::max(opt.http.threads, 2 * opt.max_in_flight);
     LOOM_CHECK(opt.http.threads > opt.max_in_flight, "flag --http-threads (", opt.http.threads,
                ") must exceed --max-concurrent (", opt.max_in_flight, "): threads must be left to read and refuse requests");
@@ -90,10 +92,10 @@ int main(int argc, char** argv) {
     rc.dim = 64, rc.hidden_dim = 172, rc.n_layers = 2, rc.n_heads = 4, rc.n_kv_heads = 4, rc.seq_len = 256;
     rc.vocab = 259;  // byte-level ids for --random (untied: a random tied classifier only repeats its input)
     const llama::flat_weights w = model.load(rc);
-    const llama::chat_setup chat = llama::choose_chat_template(template_flag, w.cfg.model_type, model.tokenizer, model.checkpoint);
+    const loom::serve::chat_setup chat = loom::serve::choose_chat_template(template_flag, w.cfg.model_type, model.tokenizer, model.checkpoint);
     std::optional<loom::data::any_tokenizer> tok;
     if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, chat.specials, w.cfg.vocab));
-    const llama::text_codec codec = tok ? llama::text_codec(&*tok, chat.templ) : llama::text_codec();
+    const loom::serve::text_codec codec = tok ? loom::serve::text_codec(&*tok, chat.templ) : loom::serve::text_codec();
     // Signals go to the main thread only, which waits for them and stops the server.
     sigset_t set;
     sigemptyset(&set);
@@ -105,7 +107,7 @@ int main(int argc, char** argv) {
     std::printf("llama-serve: listening on http://%s:%d (model dim=%d layers=%d vocab=%d, KV pool %d blocks of %d)\n",
                 host.c_str(), p, static_cast<int>(w.cfg.dim), static_cast<int>(w.cfg.n_layers), static_cast<int>(w.cfg.vocab),
                 ec.num_blocks, ec.block_size);
-    std::printf("llama-serve: chat template %s (%s); answers stop on token ids", llama::template_name(chat.templ).c_str(),
+    std::printf("llama-serve: chat template %s (%s); answers stop on token ids", loom::serve::template_name(chat.templ).c_str(),
                 chat.why.c_str());
     for (const auto id : codec.stop_tokens()) std::printf(" %d", static_cast<int>(id));
     std::printf("\n");

@@ -5,7 +5,7 @@
 #include "train.hpp"
 
 #include <common/cli.hpp>
-#include <common/fail_fast.hpp>
+#include <loom/comm/fail_fast.hpp>
 
 #include <cstdio>
 #include <exception>
@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   // under mpirun rank 0 prints; a failure ends every process (MPI_Abort), never a hang in MPI_Finalize
-  return examples::run_or_fail("llama-train", [&] {
+  return loom::comm::run_or_fail("llama-train", [&] {
     llama_train::run(o, llama_train::mpi_launch_rank() == 0 ? &std::cout : nullptr);
     return 0;
   });

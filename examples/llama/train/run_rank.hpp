@@ -10,7 +10,7 @@
 
 #include "train.hpp"
 
-#include <common/fault_inject.hpp>
+#include <loom/comm/fault_inject.hpp>
 #include <llama/generate/llama_loader.hpp>
 #include <llama/train3d/checkpoint.hpp>
 #include <llama/train3d/init_hf.hpp>
@@ -217,7 +217,7 @@ train_result run_rank(C& comm, const options& o, const loom::io::ds_config& c, s
   const double tokens = double(to.mesh.dp) * to.micro_batches * double(to.micro_batch_size * to.seq);
   std::vector<bool> training;  // the groups that trained at the last step
   for (std::int64_t s = t.steps() + 1; s <= o.steps; ++s) {
-    if (examples::inject_fault(rank, s - 1)) return res;  // test hook (LOOM_FAULT_INJECT)
+    if (loom::comm::inject_fault(rank, s - 1)) return res;  // test hook (LOOM_FAULT_INJECT)
     const float lr = sched.lr(t.steps());                   // a skipped step does not advance the schedule (DeepSpeed)
     t.set_lr(lr);
     if (t.options().grouped() && log) {  // at each phase change: which groups train from here

@@ -2,7 +2,7 @@
 // parameter type; run_rank's instantiations live in train_rank.cpp.
 #include "instantiate.hpp"
 
-#include <common/fail_fast.hpp>
+#include <loom/comm/fail_fast.hpp>
 #include <llama/generate/llama_loader.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/memory.hpp>
@@ -221,7 +221,7 @@ train_result run(const options& given, std::ostream* log) {
       LOOM_CHECK(comm.size() == world, "llama-train: dp x tp x pp = ", world, " but mpirun started ", comm.size(), " processes");
       r = run_on(comm, o, c, log);
     } catch (const std::exception& e) {  // one failed process must not leave the others waiting
-      examples::fail("llama-train", e.what());
+      loom::comm::fail("llama-train", e.what());
       throw;
     }
     if (!init) MPI_Finalize();

@@ -14,7 +14,7 @@
 //   LLaMA:   HF names (llama::detail::hf_name). HF stores q_proj/k_proj rows permuted for its
 //            half-split rotary; a trainer whose config rotates adjacent pairs (rope
 //            interleaved, Meta's convention) reads meta row h*hd + 2i + p from HF row
-//            h*hd + p*hd/2 + i (HF's converter's permutation, inverted); a half-split trainer
+//            h*hd + p*hd/2 + i (HF's converter's permutation: llama::detail::half_split_row); a half-split trainer
 //            (config_from_hf's) reads the rows as they are.
 //   ChatGLM: ChatGLM names (llama::detail::chatglm_name); query_key_value (+ bias) is the
 //            fused wqkv with rows [Q | K | V], dense_h_to_4h the fused w13 [gate | up], as
@@ -55,35 +55,24 @@ struct hf_read_stats {
 /// it shapes no weight, and a fine-tuning run may use a shorter one.
 inline void check_hf_config(const llama::hf_folder& f, const llama::config& mine) {
   const llama::config& file = f.cfg();
-  const bool glm = f.family() == "chatglm";
   const std::string what = "config '" + f.config_path() + "'";
   LOOM_CHECK(file.model_type == mine.model_type, what, ": model_type is \"", file.model_type, "\", the trainer's model is \"",
              mine.model_type, "\"");
-  struct key {
-    const char* name;  // config.json's
-    double in_file, in_trainer;
-  };
-  const key keys[] = {
-      {glm ? "num_layers" : "num_hidden_layers", double(file.n_layers), double(mine.n_layers)},
-      {"hidden_size", double(file.dim), double(mine.dim)},
-      {glm ? "ffn_hidden_size" : "intermediate_size", double(file.hidden_dim), double(mine.hidden_dim)},
-      {"num_attention_heads", double(file.n_heads), double(mine.n_heads)},
-      {glm ? "multi_query_group_num" : "num_key_value_heads", double(file.n_kv_heads), double(mine.n_kv_heads)},
-      {glm ? "padded_vocab_size" : "vocab_size", double(file.vocab), double(mine.vocab)},
-      {glm ? "layernorm_epsilon" : "rms_norm_eps", file.norm_eps, mine.norm_eps},
-      {glm ? "rope_ratio" : "rope_theta", glm ? file.rope_theta / 1e4 : file.rope_theta, glm ? mine.rope_theta / 1e4 : mine.rope_theta},
-      {"tie_word_embeddings", double(file.tied_output), double(mine.tied_output)},
-      {"add_qkv_bias", double(file.qkv_bias), double(mine.qkv_bias)},
-  };
-  for (const key& k : keys)  // reals relatively (LLaMA's eps is read as float), integers exactly
-    LOOM_CHECK(std::abs(k.in_file - k.in_trainer) <= 1e-6 * std::abs(k.in_trainer), what, ": \"", k.name, "\" is ", k.in_file,
-               ", the trainer's model has ", k.in_trainer);
-  LOOM_CHECK(file.fused_qkv == mine.fused_qkv && file.fused_gate_up == mine.fused_gate_up &&
-                 file.partial_rotary_factor == mine.partial_rotary_factor,
+  // config.json's keys as the family writes them (llama::detail::hf_config_json), both sides
+  const nlohmann::json in_file = llama::detail::hf_config_json(file), in_trainer = llama::detail::hf_config_json(mine);
+  for (const auto& [key, v] : in_trainer.items()) {
+    if (key == "seq_length" || key == "max_position_embeddings" || !(v.is_number() || v.is_boolean())) continue;
+    const auto& u = in_file.at(key);  // reals relatively (LLaMA's eps is read as float), the rest exactly
+    const bool same = v.is_number_float() ? std::abs(u.get<double>() - v.get<double>()) <= 1e-6 * std::abs(v.get<double>()) : u == v;
+    LOOM_CHECK(same, what, ": \"", key, "\" is ", u.dump(), ", the trainer's model has ", v.dump());
+  }
+  LOOM_CHECK(file.fused_qkv == mine.fused_qkv && file.fused_gate_up == mine.fused_gate_up && file.qkv_bias == mine.qkv_bias &&
+                 file.tied_output == mine.tied_output && file.partial_rotary_factor == mine.partial_rotary_factor,
              what, ": a ", f.family(), " model has fused_qkv=", file.fused_qkv, ", fused_gate_up=", file.fused_gate_up,
-             ", partial_rotary_factor=", file.partial_rotary_factor, "; the trainer's has ", mine.fused_qkv, ", ",
-             mine.fused_gate_up, ", ", mine.partial_rotary_factor);
-  LOOM_CHECK(!glm || mine.rope == loom::ops::rope_style::interleaved, what,
+             ", add_qkv_bias=", file.qkv_bias, ", tie_word_embeddings=", file.tied_output, ", partial_rotary_factor=",
+             file.partial_rotary_factor, "; the trainer's has ", mine.fused_qkv, ", ", mine.fused_gate_up, ", ", mine.qkv_bias,
+             ", ", mine.tied_output, ", ", mine.partial_rotary_factor);
+  LOOM_CHECK(f.family() != "chatglm" || mine.rope == loom::ops::rope_style::interleaved, what,
              ": ChatGLM rotates interleaved pairs; the trainer's config rotates half-split");
 }
 
@@ -95,12 +84,7 @@ class hf_source {
   hf_source(const llama::hf_folder& f, const llama::config& c) : f_(&f), head_dim_(static_cast<std::size_t>(c.head_dim())) {
     const auto layout = full_layout(c);
     for (const auto& e : layout.entries()) {
-      const std::string hf = f.name_of(e.name);
-      const auto* t = f.find(hf);
-      LOOM_CHECK(t, "tensor '", hf, "' is missing from HF folder '", f.path(), "' (no shard holds it)");
-      if (!std::equal(t->shape.begin(), t->shape.end(), e.shape.begin(), e.shape.end()))
-        LOOM_THROW("tensor '", hf, "' in '", f.file_of(hf), "' has shape ", nlohmann::json(t->shape).dump(), ", config.json ('",
-                   f.config_path(), "') gives ", nlohmann::json(e.shape).dump());
+      f.check(e);  // present, with config.json's shape
       cols_[e.name] = e.shape.size() == 2 ? static_cast<std::size_t>(e.shape[1]) : 1;
     }
     // LLaMA's q/k rows are stored for half-split rotary (see the file comment)
@@ -120,11 +104,10 @@ class hf_source {
       f_->read(hf, first, out);
       return;
     }
-    const std::size_t cols = cols_.at(name), hd = head_dim_;
+    const std::size_t cols = cols_.at(name);
     for (std::size_t at = first, end = first + out.size(); at < end;) {  // row by row
       const std::size_t row = at / cols, col = at % cols, n = std::min(cols - col, end - at);
-      const std::size_t j = row % hd, from = row - j + (j % 2) * (hd / 2) + j / 2;
-      f_->read(hf, from * cols + col, out.subspan(at - first, n));
+      f_->read(hf, llama::detail::half_split_row(row, head_dim_) * cols + col, out.subspan(at - first, n));
       at += n;
     }
   }

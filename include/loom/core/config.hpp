@@ -17,18 +17,25 @@
 #define LOOM_DEVICE
 #endif
 
+/// LOOM_FORCE_INLINE: inlined even where the compiler's size heuristics would not, for small
+/// math helpers called inside vectorised loops (a call there stops the loop from vectorising)
+/// and in kernels; nvcc's spelling works on __host__ __device__ functions.
+#if defined(__CUDACC__)
+#define LOOM_FORCE_INLINE __forceinline__
+#elif defined(__GNUC__) || defined(__clang__)
+#define LOOM_FORCE_INLINE inline __attribute__((always_inline))
+#else
+#define LOOM_FORCE_INLINE inline
+#endif
+
 #if defined(__GNUC__) || defined(__clang__)
 #define LOOM_LIKELY(x) __builtin_expect(!!(x), 1)
 #define LOOM_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define LOOM_RESTRICT __restrict__
-/// Inlined even where the compiler's size heuristics would not: for small math helpers called
-/// inside vectorised loops (a call there stops the loop from being vectorised).
-#define LOOM_FORCE_INLINE inline __attribute__((always_inline))
 #else
 #define LOOM_LIKELY(x) (x)
 #define LOOM_UNLIKELY(x) (x)
 #define LOOM_RESTRICT
-#define LOOM_FORCE_INLINE inline
 #endif
 
 namespace loom {

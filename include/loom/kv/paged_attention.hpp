@@ -18,6 +18,7 @@
 #include <loom/core/error.hpp>
 #include <loom/core/tensor_view.hpp>
 #include <loom/kv/block_table.hpp>
+#include <loom/ops/math/softmax.hpp>  // the online-softmax update, shared with the GPU kernels
 
 #include <algorithm>
 #include <cmath>
@@ -48,14 +49,9 @@ inline float dot(const float* q, const K* k, std::int32_t head_dim) {
 /// One key of online softmax: score s (scaled), running max m and sum l, acc += p v.
 template <class V>
 inline void softmax_step(float s, const V* v, std::int32_t head_dim, float& m, float& l, float* acc) {
-  if (s > m) {  // rescale what was accumulated under the old max
-    const float c = std::exp(m - s);
-    l *= c;
+  float p, c;
+  if (ops::math::online_softmax_push(s, m, l, p, c))  // rescale what was accumulated under the old max
     for (std::int32_t d = 0; d < head_dim; ++d) acc[d] *= c;
-    m = s;
-  }
-  const float p = std::exp(s - m);
-  l += p;
   for (std::int32_t d = 0; d < head_dim; ++d) acc[d] += p * static_cast<float>(v[d]);
 }
 }  // namespace detail

@@ -14,14 +14,16 @@
 //   m  = b1 * m + (1 - b1) * g
 //   v  = b2 * v + (1 - b2) * g * g
 //   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-// with the bias corrections computed in double once per step. Compilers do not vectorise
-// std::sqrt unless -fno-math-errno is on the command line (each call keeps a libm fallback
-// for errno), which a header cannot impose, so the x86 path uses SSE directly: the same
+// with the bias corrections computed in double once per step (ops/math/adamw.hpp, the one
+// element update host and GPU share). Compilers do not vectorise std::sqrt unless
+// -fno-math-errno is on the command line (each call keeps a libm fallback for errno), which a
+// header cannot impose, so the x86 path runs that element function on SSE vectors: the same
 // IEEE operations in the same order, 4 lanes at a time, bit-identical to the scalar tail.
 
 #include <loom/core/buffer.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/memory.hpp>
+#include <loom/ops/math/adamw.hpp>  // the element update, shared with optim/cuda/adamw.cuh
 
 #include <cmath>
 #include <cstddef>
@@ -58,43 +60,28 @@ inline void adamw_update(std::span<float> params, std::span<const float> grads, 
   LOOM_CHECK(grads.size() == n && exp_avg.size() == n && exp_avg_sq.size() == n, "adamw: span sizes differ, params=", n,
              " grads=", grads.size(), " exp_avg=", exp_avg.size(), " exp_avg_sq=", exp_avg_sq.size());
   LOOM_CHECK(t >= 1, "adamw: step number must be >= 1, got t=", t);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
-  const float step_size = static_cast<float>(lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float decay = 1.f - lr * weight_decay;
-  const float one_minus_b1 = 1.f - beta1, one_minus_b2 = 1.f - beta2;
+  const ops::math::adamw_coefficients k = ops::math::make_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, t);
   float* __restrict p = params.data();
   const float* __restrict g = grads.data();
   float* __restrict m = exp_avg.data();
   float* __restrict v = exp_avg_sq.data();
   std::size_t i = 0;
-#if defined(__SSE2__)
-  {
-    const __m128 b1 = _mm_set1_ps(beta1), b2 = _mm_set1_ps(beta2), omb1 = _mm_set1_ps(one_minus_b1),
-                 omb2 = _mm_set1_ps(one_minus_b2), dec = _mm_set1_ps(decay), ss = _mm_set1_ps(step_size),
-                 bc2s = _mm_set1_ps(bc2_sqrt), e = _mm_set1_ps(eps);
-    for (; i + 4 <= n; i += 4) {
-      const __m128 gi = _mm_loadu_ps(g + i);
-      const __m128 pi = _mm_mul_ps(_mm_loadu_ps(p + i), dec);
-      const __m128 mi = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(m + i), b1), _mm_mul_ps(gi, omb1));
-      const __m128 vi = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(v + i), b2), _mm_mul_ps(_mm_mul_ps(gi, gi), omb2));
-      _mm_storeu_ps(m + i, mi);
-      _mm_storeu_ps(v + i, vi);
-      const __m128 denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vi), bc2s), e);
-      _mm_storeu_ps(p + i, _mm_sub_ps(pi, _mm_mul_ps(ss, _mm_div_ps(mi, denom))));
-    }
+#if defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
+  // (not in nvcc's device pass, which cannot instantiate the element function on __m128)
+  // four lanes at a time through the same element function (__m128 has GCC's vector operators)
+  struct sse_lanes {
+    static __m128 splat(float x) noexcept { return _mm_set1_ps(x); }
+    static __m128 sqrt(__m128 x) noexcept { return _mm_sqrt_ps(x); }
+  };
+  for (; i + 4 <= n; i += 4) {
+    __m128 pi = _mm_loadu_ps(p + i), mi = _mm_loadu_ps(m + i), vi = _mm_loadu_ps(v + i);
+    ops::math::adamw_element<__m128, sse_lanes>(pi, mi, vi, _mm_loadu_ps(g + i), k);
+    _mm_storeu_ps(m + i, mi);
+    _mm_storeu_ps(v + i, vi);
+    _mm_storeu_ps(p + i, pi);
   }
 #endif
-  for (; i < n; ++i) {
-    const float gi = g[i];
-    const float pi = p[i] * decay;
-    const float mi = m[i] * beta1 + gi * one_minus_b1;
-    const float vi = v[i] * beta2 + gi * gi * one_minus_b2;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
-  }
+  for (; i < n; ++i) ops::math::adamw_element(p[i], m[i], v[i], g[i], k);
 }
 
 /// AdamW with moments for a flat buffer (or one rank's shard of it) of n fp32 elements.

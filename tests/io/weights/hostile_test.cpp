@@ -1,5 +1,5 @@
 // Hostile and broken weight files, written byte by byte in the test: llama2.c checkpoints,
-// llama2.c tokenizers and safetensors. Each must be a loom::error whose message names the
+// llama2.c tokenizers, safetensors and folders of safetensors shards. Each must be a loom::error whose message names the
 // file and the field or tensor at fault, found before any allocation the file's claims size;
 // never a crash, an over-read or an unbounded message.
 #include <support/error_of.hpp>
@@ -7,6 +7,7 @@
 
 #include <loom/io/llama2c.hpp>
 #include <loom/io/safetensors.hpp>
+#include <loom/io/safetensors_folder.hpp>
 
 #include <cstdint>
 #include <cstdio>
@@ -298,6 +299,46 @@ TEST_CASE("safetensors index and range reads: only the header is parsed, a range
   std::filesystem::resize_file(p, std::filesystem::file_size(p) - 4);
   CHECK_ERROR_HAS(read_safetensors_index(p), "idx.safetensors", "data_offsets[1] must be <=");
   CHECK_ERROR_HAS(read_safetensors_index(t.write("short.safetensors", "1234")), "short.safetensors", "has no header");
+}
+
+TEST_CASE("safetensors folder: the index decides which shard holds a tensor; files outside the folder refused") {
+  temp_dir t;
+  const auto shard = [&](const std::string& name, const std::string& tensor, float first) {
+    bytes d;
+    for (float x : {first, first + 1, first + 2, first + 3}) d.put(x);
+    t.write(name, safetensors_bytes("{\"" + tensor + R"(": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}})", d.b));
+  };
+  shard("s1.safetensors", "a", 0.f);
+  shard("s2.safetensors", "b", 10.f);
+  const auto index = [&](const std::string& weight_map) {
+    t.write("model.safetensors.index.json", R"({"metadata": {}, "weight_map": )" + weight_map + "}");
+  };
+  {  // without an index every shard is read; the oracle: the values written above
+    const safetensors_folder f(t.dir);
+    CHECK(f.names() == std::vector<std::string>{"a", "b"});
+    CHECK(f.file_of("b") == (t.dir / "s2.safetensors").string());
+    float two[2];
+    f.read("b", 1, two);
+    CHECK((two[0] == 11.f && two[1] == 12.f));
+    CHECK(f.bytes_read() == 8);
+    CHECK(f.file_bytes() == std::filesystem::file_size(t.dir / "s1.safetensors") * 2);
+    CHECK_ERROR_HAS(f.read("c", 0, two), "no tensor 'c'");
+    const safetensors_folder one(t.dir / "s1.safetensors");  // one file
+    CHECK(one.names() == std::vector<std::string>{"a"});
+  }
+  index(R"({"a": "s1.safetensors"})");  // the index leaves s2 out: b is not read
+  CHECK(safetensors_folder(t.dir).names() == std::vector<std::string>{"a"});
+  index(R"({"a": "../s1.safetensors"})");
+  CHECK_ERROR_HAS(safetensors_folder(t.dir), "model.safetensors.index.json", "is not a file of the folder");
+  index(R"({"a": "s3.safetensors"})");
+  CHECK_ERROR_HAS(safetensors_folder(t.dir), "shard '", "s3.safetensors' (tensor 'a'", "is missing");
+  index(R"({"a": "s2.safetensors"})");
+  CHECK_ERROR_HAS(safetensors_folder(t.dir), "places tensor 'a' in '", "s2.safetensors', which does not hold it");
+  index(R"({"a": 3})");
+  CHECK_ERROR_HAS(safetensors_folder(t.dir), "weight_map[\"a\"] is not a file name");
+  std::filesystem::remove(t.dir / "model.safetensors.index.json");
+  shard("s3.safetensors", "a", 20.f);  // without an index, a tensor in two shards
+  CHECK_ERROR_HAS(safetensors_folder(t.dir), "tensor 'a' is in both '");
 }
 
 TEST_CASE("HF config.json: numbers range-checked by field, no silent narrowing") {

@@ -6,10 +6,9 @@
 #include <loom/core/device.hpp>
 #include <loom/core/dtype.hpp>
 #include <loom/core/tensor_view.hpp>
+#include <loom/ops/cuda/launch.hpp>
 
 #include <cuda_runtime.h>
-
-#include <algorithm>
 
 namespace loom::ops {
 namespace kernels {
@@ -30,11 +29,6 @@ __global__ void cast(const In* __restrict__ s, Out* __restrict__ d, index_t n) {
     else
       d[i] = static_cast<Out>(s[i]);
   }
-}
-
-inline unsigned grid_for(index_t n, unsigned block) {
-  const index_t g = (n + block - 1) / block;
-  return static_cast<unsigned>(std::clamp<index_t>(g, 1, 65535));
 }
 
 }  // namespace kernels

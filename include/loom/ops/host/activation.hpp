@@ -5,15 +5,15 @@
 //   gelu(x)      = x * Phi(x) (erf form, PyTorch's default) or the tanh approximation
 //
 // Inputs are 1-D contiguous views (any activation flattened); backward adds into the input
-// gradients. Loops are plain so the compiler vectorises them.
+// gradients. Loops are plain so the compiler vectorises them. The element math is
+// ops/math/activation.hpp's (SwiGLU's shared with ops/cuda/activation.cuh).
 
 #include <loom/ops/host/common.hpp>
+#include <loom/ops/math/activation.hpp>
 
 #include <cmath>
 
 namespace loom::ops {
-
-enum class gelu_approx { none, tanh };
 
 /// out = silu(a) * b
 template <compute_type T>
@@ -24,7 +24,7 @@ inline void swiglu_forward(host, in_view<T, 1> a, in_view<T, 1> b, tensor_view<T
   T* op = out.data();
   detail::parallel_rows(n, detail::min_part_elements, [&](index_t i0, index_t i1) {
     LOOM_SIMD
-    for (index_t i = i0; i < i1; ++i) op[i] = ap[i] / (T(1) + ops::exp(-ap[i])) * bp[i];
+    for (index_t i = i0; i < i1; ++i) op[i] = math::swiglu(ap[i], bp[i]);
   });
 }
 
@@ -40,16 +40,16 @@ inline void swiglu_backward(host, in_view<T, 1> dout, in_view<T, 1> a, in_view<T
     if (accumulate) {
       LOOM_SIMD
       for (index_t i = i0; i < i1; ++i) {
-        const T sig = T(1) / (T(1) + ops::exp(-ap[i]));
-        dap[i] += dp[i] * bp[i] * sig * (T(1) + ap[i] * (T(1) - sig));
-        dbp[i] += dp[i] * ap[i] * sig;
+        const auto gr = math::swiglu_grad(dp[i], ap[i], bp[i]);
+        dap[i] += gr.da;
+        dbp[i] += gr.db;
       }
     } else {
       LOOM_SIMD
       for (index_t i = i0; i < i1; ++i) {
-        const T sig = T(1) / (T(1) + ops::exp(-ap[i]));
-        dap[i] = dp[i] * bp[i] * sig * (T(1) + ap[i] * (T(1) - sig));
-        dbp[i] = dp[i] * ap[i] * sig;
+        const auto gr = math::swiglu_grad(dp[i], ap[i], bp[i]);
+        dap[i] = gr.da;
+        dbp[i] = gr.db;
       }
     }
   });
@@ -63,14 +63,11 @@ inline void gelu_forward(host, in_view<T, 1> x, tensor_view<T, host, 1> y, gelu_
   const T* xp = x.data();
   T* yp = y.data();
   if (approx == gelu_approx::none) {
-    const T r = T(0.70710678118654752440);
     LOOM_SIMD
-    for (index_t i = 0; i < n; ++i) yp[i] = T(0.5) * xp[i] * (T(1) + std::erf(xp[i] * r));
+    for (index_t i = 0; i < n; ++i) yp[i] = math::gelu_erf(xp[i]);
   } else {
-    const T c = T(0.79788456080286535588), k = T(0.044715);
     LOOM_SIMD
-    for (index_t i = 0; i < n; ++i)
-      yp[i] = T(0.5) * xp[i] * (T(1) + std::tanh(c * (xp[i] + k * xp[i] * xp[i] * xp[i])));
+    for (index_t i = 0; i < n; ++i) yp[i] = math::gelu_tanh(xp[i]);
   }
 }
 
@@ -83,20 +80,11 @@ inline void gelu_backward(host, in_view<T, 1> dy, in_view<T, 1> x, tensor_view<T
   const T *dyp = dy.data(), *xp = x.data();
   T* dxp = dx.data();
   if (approx == gelu_approx::none) {
-    const T r = T(0.70710678118654752440), inv_sqrt_2pi = T(0.39894228040143267794);
     LOOM_SIMD
-    for (index_t i = 0; i < n; ++i) {
-      const T cdf = T(0.5) * (T(1) + std::erf(xp[i] * r));
-      dxp[i] += dyp[i] * (cdf + xp[i] * inv_sqrt_2pi * ops::exp(T(-0.5) * xp[i] * xp[i]));
-    }
+    for (index_t i = 0; i < n; ++i) dxp[i] += math::gelu_erf_grad(dyp[i], xp[i]);
   } else {
-    const T c = T(0.79788456080286535588), k = T(0.044715);
     LOOM_SIMD
-    for (index_t i = 0; i < n; ++i) {
-      const T x2 = xp[i] * xp[i];
-      const T th = std::tanh(c * (xp[i] + k * x2 * xp[i]));
-      dxp[i] += dyp[i] * (T(0.5) * (T(1) + th) + T(0.5) * xp[i] * (T(1) - th * th) * c * (T(1) + T(3) * k * x2));
-    }
+    for (index_t i = 0; i < n; ++i) dxp[i] += math::gelu_tanh_grad(dyp[i], xp[i]);
   }
 }
 

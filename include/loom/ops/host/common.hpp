@@ -15,9 +15,11 @@
 #include <loom/core/error.hpp>
 #include <loom/core/tensor_view.hpp>
 #include <loom/core/thread_pool.hpp>
+#include <loom/ops/math/exp.hpp>   // ops::exp, shared with the CUDA kernels
+#include <loom/ops/math/load.hpp>  // ops::load, likewise
+#include <loom/ops/checks.hpp>     // argument checks, likewise
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
@@ -41,46 +43,12 @@ using loom::param_type;
 template <class T, std::size_t R>
 using in_view = tensor_view<const std::type_identity_t<T>, host, R>;
 
-/// A stored parameter converted to the compute type (16-bit types go through float).
-template <compute_type T, class P>
-inline T load(P p) noexcept {
-  if constexpr (std::is_same_v<std::remove_cv_t<P>, half> || std::is_same_v<std::remove_cv_t<P>, bfloat16>)
-    return static_cast<T>(static_cast<float>(p));
-  else
-    return static_cast<T>(p);
-}
-
 /// max(a, b) as a LOOM_SIMD_MAX loop must write it: GCC 12 vectorises `b > a ? b : a` under
 /// `omp simd reduction(max)` but not std::max(a, b) (`a < b ? b : a`), which left every row
 /// maximum (softmax, cross-entropy) scalar. Same result as std::max, NaN b included.
 template <class T>
 LOOM_FORCE_INLINE T max_simd(T a, T b) noexcept {
   return b > a ? b : a;
-}
-
-/// e^x, vectorisable: for float a Cephes-style range reduction and degree-6 polynomial
-/// (within 2 ulp of expf on [-87, 88]; clamped there, so very negative x gives ~1e-38, not 0),
-/// written with operations compilers vectorise without -ffast-math (libm's expf is not
-/// vectorised then). For double: std::exp (finite-difference checks want it exact).
-template <compute_type T>
-LOOM_FORCE_INLINE T exp(T x) noexcept {
-  if constexpr (std::is_same_v<T, double>) {
-    return std::exp(x);
-  } else {
-    x = x < -87.0f ? -87.0f : (x > 88.5f ? 88.5f : x);
-    constexpr float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-    const float n = (x * 1.44269504088896341f + round_magic) - round_magic;
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // x - n ln2, ln2 split in two
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.0f;
-    const auto scale = std::bit_cast<float>(static_cast<std::int32_t>((static_cast<std::int32_t>(n) + 127) << 23));
-    return y * scale;
-  }
 }
 
 namespace detail {
@@ -116,37 +84,6 @@ inline index_t rows_grain(index_t row_elems) {
 template <class F>
 inline void parallel_rows(index_t n, index_t grain, F&& fn) {
   host_pool().parallel_for(n, grain, [&](int, index_t b, index_t e) { fn(b, e); });
-}
-
-/// "[2, 3]": extents as text for error messages (std::array has no operator<< that
-/// LOOM_CHECK's message builder can find).
-template <std::size_t R>
-inline std::string str(const extents<R>& e) {
-  std::ostringstream os;
-  os << e;
-  return os.str();
-}
-
-/// Throws unless the view is dense row-major; `what` names the argument.
-template <class V>
-inline void require_contiguous(const V& v, const char* fn, const char* what) {
-  LOOM_CHECK(v.is_contiguous(), fn, ": ", what, " must be contiguous (shape ", str(v.shape()), ", strides ",
-             str(v.strides()), ")");
-}
-
-template <class V, std::size_t R>
-inline void require_shape(const V& v, const extents<R>& want, const char* fn, const char* what) {
-  LOOM_CHECK(v.shape() == want, fn, ": ", what, " has shape ", str(v.shape()), ", expected ", str(want));
-}
-
-template <class V>
-inline void require_length(const V& v, index_t n, const char* fn) {
-  require_contiguous(v, fn, "argument");
-  LOOM_CHECK(v.numel() == n, fn, ": arguments differ in length: ", v.numel(), " vs ", n);
-}
-template <class... V>
-inline void require_same_length(const char* fn, index_t n, const V&... v) {
-  (require_length(v, n, fn), ...);
 }
 
 }  // namespace detail

@@ -6,19 +6,17 @@
 // or dlogits = ... with accumulate = false (no zero pass over a [rows, vocab] buffer first).
 // Targets equal to `ignore_index` (PyTorch's default -100) contribute nothing; other targets
 // outside [0, vocab) are a loom::error naming the value. With no counted target the loss is
-// 0 and the gradient is 0 (PyTorch returns NaN there).
+// 0 and the gradient is 0 (PyTorch returns NaN there). The element math (log-sum-exp, the
+// gradient element) is ops/math/softmax.hpp's, shared with ops/cuda/cross_entropy.cuh.
 
 #include <loom/ops/host/common.hpp>
+#include <loom/ops/math/softmax.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 namespace loom::ops {
-
-struct cross_entropy_options {
-  std::int64_t ignore_index = -100;
-};
 
 namespace detail {
 template <class Tgt>
@@ -54,7 +52,7 @@ inline T cross_entropy_rows(in_view<T, 2> logits, tensor_view<Tgt, host, 1> targ
       const T* x = logits.data() + r * v;
       const T mx = row_max(x, v);
       if (!dlogits) {
-        lse(r) = mx + std::log(row_exp_sum(x, v, mx));
+        lse(r) = math::log_sum_exp(mx, row_exp_sum(x, v, mx));
         continue;
       }
       T sum = 0;
@@ -64,7 +62,7 @@ inline T cross_entropy_rows(in_view<T, 2> logits, tensor_view<Tgt, host, 1> targ
         g[j] = ops::exp(x[j] - mx);
         sum += g[j];
       }
-      lse(r) = mx + std::log(sum);
+      lse(r) = math::log_sum_exp(mx, sum);
       const auto t = static_cast<std::int64_t>(targets(r));
       const T f = t == opt.ignore_index ? T(0) : scale / sum;
       LOOM_SIMD
@@ -128,10 +126,10 @@ inline void cross_entropy_backward(host, in_view<T, 2> logits, tensor_view<Tgt, 
       const T l = lse(r);
       if (accumulate) {
         LOOM_SIMD
-        for (index_t j = 0; j < v; ++j) g[j] += scale * ops::exp(x[j] - l);
+        for (index_t j = 0; j < v; ++j) g[j] += math::cross_entropy_grad(x[j], l, scale);
       } else {
         LOOM_SIMD
-        for (index_t j = 0; j < v; ++j) g[j] = scale * ops::exp(x[j] - l);
+        for (index_t j = 0; j < v; ++j) g[j] = math::cross_entropy_grad(x[j], l, scale);
       }
       g[t] -= scale;
     }

@@ -4,12 +4,14 @@
 //   rmsnorm:   y = x * rstd * w,               rstd = 1 / sqrt(mean(x^2) + eps)
 //   layernorm: y = (x - mean) * rstd * w + b,  rstd = 1 / sqrt(var(x) + eps)  (biased var)
 //
+// The per-element math of both is ops/math/norm.hpp's (RMSNorm's shared with ops/cuda/norm.cuh).
 // Forward saves the per-row statistics (rstd, and mean for LayerNorm) so backward does not
 // recompute them. Backward ADDS into dx and into the parameter gradients (the convention of
 // every backward in ops/host: gradients accumulate, callers zero them once). Weights may be
 // stored in 16 bits; statistics and gradients are in the compute type T.
 
 #include <loom/ops/host/common.hpp>
+#include <loom/ops/math/norm.hpp>
 
 #include <cmath>
 
@@ -34,10 +36,10 @@ inline void rmsnorm_forward(host, in_view<T, 2> x, tensor_view<P, host, 1> w, te
       T ss = 0;
       LOOM_SIMD_SUM(ss)
       for (index_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
-      const T s = T(1) / std::sqrt(ss / T(d) + eps);
+      const T s = math::rmsnorm_rstd(ss, T(d), eps);
       rstd(r) = s;
       LOOM_SIMD
-      for (index_t i = 0; i < d; ++i) yr[i] = xr[i] * s * load<T>(wp[i]);
+      for (index_t i = 0; i < d; ++i) yr[i] = math::rmsnorm_y(xr[i], s, load<T>(wp[i]));
     }
   });
 }
@@ -66,10 +68,10 @@ inline void rmsnorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_vie
       const T s = rstd(r);
       T dot = 0;  // sum_i dy_i w_i x_i
       LOOM_SIMD_SUM(dot)
-      for (index_t i = 0; i < d; ++i) dot += dyr[i] * load<T>(wp[i]) * xr[i];
-      const T c = dot * s * s * s / T(d);
+      for (index_t i = 0; i < d; ++i) dot += math::rmsnorm_dot_term(dyr[i], load<T>(wp[i]), xr[i]);
+      const T c = math::rmsnorm_dx_coeff(dot, s, T(d));
       LOOM_SIMD
-      for (index_t i = 0; i < d; ++i) dxr[i] += dyr[i] * load<T>(wp[i]) * s - xr[i] * c;
+      for (index_t i = 0; i < d; ++i) dxr[i] += math::rmsnorm_dx(dyr[i], load<T>(wp[i]), xr[i], s, c);
     }
   });
   detail::parallel_rows(d, std::max<index_t>(16, detail::rows_grain(n)), [&](index_t c0, index_t c1) {
@@ -78,7 +80,7 @@ inline void rmsnorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_vie
       const T* dyr = dy.data() + r * d;
       const T s = rstd(r);
       LOOM_SIMD
-      for (index_t i = c0; i < c1; ++i) dwp[i] += dyr[i] * xr[i] * s;
+      for (index_t i = c0; i < c1; ++i) dwp[i] += math::rmsnorm_dw(dyr[i], xr[i], s);
     }
   });
 }
@@ -108,11 +110,11 @@ inline void layernorm_forward(host, in_view<T, 2> x, tensor_view<P, host, 1> w, 
     T var = 0;
     LOOM_SIMD_SUM(var)
     for (index_t i = 0; i < d; ++i) var += (xr[i] - m) * (xr[i] - m);
-    const T s = T(1) / std::sqrt(var / T(d) + eps);
+    const T s = math::rmsnorm_rstd(var, T(d), eps);
     mean(r) = m;
     rstd(r) = s;
     LOOM_SIMD
-    for (index_t i = 0; i < d; ++i) yr[i] = (xr[i] - m) * s * load<T>(wp[i]) + load<T>(bp[i]);
+    for (index_t i = 0; i < d; ++i) yr[i] = math::layernorm_y(xr[i], m, s, load<T>(wp[i]), load<T>(bp[i]));
   }
 }
 
@@ -147,7 +149,7 @@ inline void layernorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_v
     LOOM_SIMD
     for (index_t i = 0; i < d; ++i) {
       const T xhat = (xr[i] - m) * s;
-      dxr[i] += s * (dyr[i] * load<T>(wp[i]) - g_mean - xhat * gx_mean);
+      dxr[i] += math::layernorm_dx(dyr[i], load<T>(wp[i]), xhat, s, g_mean, gx_mean);
       dwp[i] += dyr[i] * xhat;
       dbp[i] += dyr[i];
     }

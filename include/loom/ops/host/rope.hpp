@@ -16,14 +16,13 @@
 
 #include <loom/core/buffer.hpp>
 #include <loom/ops/host/common.hpp>
+#include <loom/ops/math/rope.hpp>  // rope_style, the pair rotation shared with ops/cuda/rope.cuh
 
 #include <cmath>
 #include <cstdint>
 #include <span>
 
 namespace loom::ops {
-
-enum class rope_style { interleaved, half_split };
 
 /// cos and sin of pos * f_i for pos < max_seq, i < rotary_dim/2: [max_seq, rotary_dim/2] each.
 template <compute_type T>
@@ -64,19 +63,18 @@ template <compute_type T>
 inline void rope_token(T* v, index_t heads, index_t hd, index_t rot, const T* c, const T* sn, rope_style style, T sign) {
   const index_t half = rot / 2;
   for (index_t hi = 0; hi < heads; ++hi, v += hd) {
+    // one loop per convention: with the style a constant, each vectorises
     if (style == rope_style::interleaved) {
       LOOM_SIMD
       for (index_t i = 0; i < half; ++i) {
-        const T a = v[2 * i], bb = v[2 * i + 1], si = sign * sn[i];
-        v[2 * i] = a * c[i] - bb * si;
-        v[2 * i + 1] = a * si + bb * c[i];
+        const auto pr = math::rope_pair_of(rope_style::interleaved, i, half);
+        math::rope_rotate(v[pr.lo], v[pr.hi], c[i], sign * sn[i]);
       }
     } else {
       LOOM_SIMD
       for (index_t i = 0; i < half; ++i) {
-        const T a = v[i], bb = v[i + half], si = sign * sn[i];
-        v[i] = a * c[i] - bb * si;
-        v[i + half] = a * si + bb * c[i];
+        const auto pr = math::rope_pair_of(rope_style::half_split, i, half);
+        math::rope_rotate(v[pr.lo], v[pr.hi], c[i], sign * sn[i]);
       }
     }
   }

@@ -5,6 +5,7 @@
 // entries of row r take part, the rest of the row is set to 0 (and gets no gradient).
 
 #include <loom/ops/host/common.hpp>
+#include <loom/ops/math/softmax.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -53,7 +54,7 @@ inline void softmax_row_backward(const T* y, const T* dy, T* dx, index_t n) {
   LOOM_SIMD_SUM(dot)
   for (index_t i = 0; i < n; ++i) dot += dy[i] * y[i];
   LOOM_SIMD
-  for (index_t i = 0; i < n; ++i) dx[i] += y[i] * (dy[i] - dot);
+  for (index_t i = 0; i < n; ++i) dx[i] += math::softmax_backward(y[i], dy[i], dot);
 }
 }  // namespace detail
 

@@ -1,5 +1,5 @@
 #pragma once
-// Which chat template llama-serve renders conversations with (`--template`), and which special
+// Which chat template a server renders conversations with (llama-serve's `--template`), and which special
 // tokens the tokenizer it opens must carry for it.
 //
 // Why derived from the model: a chat model answers well only in the format it was trained on,
@@ -16,7 +16,7 @@
 // `--template chatglm2|chatglm3` appends that family's special tokens to the tokenizer.model;
 // a template the tokenizer cannot carry is an error naming the flag's value.
 
-#include "request.hpp"
+#include <loom/serve/request.hpp>
 
 #include <loom/core/error.hpp>
 #include <loom/data/chat_template.hpp>
@@ -28,7 +28,7 @@
 #include <string>
 #include <string_view>
 
-namespace llama {
+namespace loom::serve {
 
 struct chat_setup {
   std::optional<loom::data::chat_template> templ;  ///< nullopt: plain text (no template)
@@ -96,4 +96,4 @@ inline std::string template_name(const std::optional<loom::data::chat_template>&
   return t ? loom::data::detail::template_name(*t) : "none";
 }
 
-}  // namespace llama
+}  // namespace loom::serve

@@ -38,7 +38,7 @@
 #include <thread>
 #include <vector>
 
-namespace llama::http {
+namespace loom::serve::http {
 
 // The cpp-httplib versions this file builds against: [min, end). It overrides internals of
 // httplib::Server (its per-connection loop, its task queue) and httplib::Stream, which match
@@ -65,7 +65,7 @@ template <int FoundMajor, int FoundMinor, int FoundPatch>
 struct httplib_version_check {
   static constexpr int found = FoundMajor * 10000 + FoundMinor * 100 + FoundPatch;
   static_assert(found >= version_number(httplib_min_version) && found < version_number(httplib_end_version),
-                "llama-serve needs cpp-httplib >= 0.11.4 and < 0.15.0 (httplib_min_version, httplib_end_version); "
+                "loom/serve/http_guard.hpp needs cpp-httplib >= 0.11.4 and < 0.15.0 (httplib_min_version, httplib_end_version); "
                 "the CPPHTTPLIB_VERSION found is this template's arguments <major, minor, patch>");
   static constexpr bool ok = true;
 };
@@ -351,4 +351,4 @@ class server : public httplib::Server {
   inline static thread_local connection* current_ = nullptr;
 };
 
-}  // namespace llama::http
+}  // namespace loom::serve::http

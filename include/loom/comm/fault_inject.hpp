@@ -10,6 +10,8 @@
 // stop and kill act on the whole process: they are meant for mpirun, one rank per process.
 // Unset: no fault, and the check costs one comparison per step. A malformed value is a
 // loom::error naming LOOM_FAULT_INJECT and the value.
+// Why in the library: any training loop over loom::comm is tested against the same fault
+// matrix by calling inject_fault once per step (llama-train does); nothing in loom calls it.
 
 #include <loom/core/error.hpp>
 
@@ -18,7 +20,7 @@
 #include <cstdlib>
 #include <string>
 
-namespace examples {
+namespace loom::comm {
 
 struct fault_plan {
   enum class kind { none, throws, returns, stop, kill };
@@ -75,4 +77,4 @@ inline bool inject_fault(int rank, std::int64_t step) {
   return false;
 }
 
-}  // namespace examples
+}  // namespace loom::comm

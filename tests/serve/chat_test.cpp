@@ -2,13 +2,13 @@
 // against the independent Python transcription of ChatGLM2's build_prompt, ChatGLM3's
 // build_chat_input and Meta's LLaMA-2 format (tests/data/tokenizer_fixtures.py, on an
 // spm_train-made tokenizer.model with ChatGLM3's appended specials); the template llama-serve
-// derives from a model and its tokenizer (chat_setup.hpp) and the errors for bad choices;
+// derives from a model and its tokenizer (loom/serve/chat_setup.hpp) and the errors for bad choices;
 // the answer a client sees (answer_text); and, over HTTP, a tiny random ChatGLM3-shaped HF
 // folder whose output row for <|user|> is made to win after a few tokens: the answer stops
 // there, leaves the stop token out, and api.py's history grows by [prompt, response].
 #include <doctest/doctest.h>
 
-#include "chat_setup.hpp"
+#include <loom/serve/chat_setup.hpp>
 #include "llama_server.hpp"
 
 #include <tokenizer_file.hpp>
@@ -30,6 +30,7 @@
 #include <vector>
 
 using namespace llama;
+using namespace loom::serve;
 using nlohmann::json;
 using loom::test::error_of;
 namespace fs = std::filesystem;
@@ -250,7 +251,7 @@ void write_hf_folder(const flat_weights& w, const fs::path& dir) {
     m.emplace(detail::chatglm_name(e.name), std::move(t));
   }
   loom::io::write_safetensors((dir / "model.safetensors").string(), m);
-  std::ofstream(dir / "config.json") << detail::chatglm_config_json(w.cfg, "F32").dump(2);
+  std::ofstream(dir / "config.json") << loom::io::hf_chatglm_config_json(detail::chatglm_hf_config(w.cfg), "F32").dump(2);
 }
 
 }  // namespace

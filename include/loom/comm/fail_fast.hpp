@@ -5,10 +5,12 @@
 // fence), so a rank that failed and returns from main through MPI_Finalize waits for peers
 // that are stuck, stopped, or waiting for it: the job hangs. MPI_Abort instead makes mpirun
 // end every rank at once. With one process, or without MPI, a non-zero exit status is enough.
-// The library never ends a program (a header must not); a main decides, here, in its catch.
+// Why in comm: it is the other half of the communicators' timeouts (a failed rank must not
+// leave the others hanging). The library itself never ends a program: these two functions
+// are for a main to call, in its catch, when it decides to.
 //
 //   int main(int argc, char** argv) {
-//     return examples::run_or_fail("llama-train", [&] { ...; return 0; });
+//     return loom::comm::run_or_fail("llama-train", [&] { ...; return 0; });
 //   }
 
 #include <cstdio>
@@ -19,7 +21,7 @@
 #include <mpi.h>
 #endif
 
-namespace examples {
+namespace loom::comm {
 
 /// Prints "<program>: error: <what>" and, under MPI with more than one process, calls
 /// MPI_Abort (mpirun then ends every rank; it does not return). Otherwise returns 1, the
@@ -52,4 +54,4 @@ int run_or_fail(const char* program, Body&& body) {
   }
 }
 
-}  // namespace examples
+}  // namespace loom::comm

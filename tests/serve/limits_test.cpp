@@ -18,6 +18,7 @@
 #include <vector>
 
 using namespace llama;
+using namespace loom::serve;
 using namespace serve_test;
 using nlohmann::json;
 using namespace std::chrono_literals;

@@ -13,6 +13,7 @@
 #include <thread>
 
 using namespace llama;
+using namespace loom::serve;
 using nlohmann::json;
 
 namespace {

@@ -1,12 +1,12 @@
 #pragma once
-// The request bodies of llama_server, read by pure functions: JSON text in, generation
+// The request bodies of loom::serve::http_server, read by pure functions: JSON text in, generation
 // parameters out, or an http_error (400 naming the field) for anything else.
 //
 // Why apart from the server: a request body is outside bytes, and these functions are all the
 // server does with it before it queues work. Without a socket, an engine or a model they run
 // in fuzz/serve_request.cpp as the other readers do; the server calls the same functions.
 //
-// Protocols (llama_server.hpp has the responses):
+// Protocols (http_server.hpp has the responses):
 //  - ChatGLM's api.py, POST /: {"prompt", "history", "max_length", "top_p", "temperature"};
 //    max_length counts prompt + response tokens as in ChatGLM; history is a list of
 //    [query, response] pairs, rendered with the model's chat template (text_codec), or without
@@ -37,10 +37,10 @@
 #include <utility>
 #include <vector>
 
-namespace llama {
+namespace loom::serve {
 
 /// Text <-> tokens, and a conversation -> prompt ids. Either a data::tokenizer (llama2.c
-/// tokenizer.bin, SentencePiece tokenizer.model: examples/data/tokenizer_file.hpp), or raw
+/// tokenizer.bin, SentencePiece tokenizer.model), or raw
 /// bytes (id = 3 + byte, BOS 1, EOS 2: the byte-fallback ids of llama2.c's vocabulary), which
 /// needs no file.
 /// With a chat template (data/chat_template.hpp) a conversation becomes the ids the model's own
@@ -392,4 +392,4 @@ inline openai_request parse_openai_request(const nlohmann::json& j, bool chat, c
   return r;
 }
 
-}  // namespace llama
+}  // namespace loom::serve

@@ -1,0 +1,150 @@
+#pragma once
+// kv::engine: continuous-batching generation over a paged KV cache, for any model that can
+// run a scheduler's plan (paged_model below).
+//
+// One step = one scheduler plan: copy-on-write block copies, then the model runs every
+// scheduled token of every sequence (decode tokens and prefill chunks together, ragged) with
+// the cache and gives the logits of the rows that are sampled (the last row of each chunk
+// that reaches its sequence's end); each is sampled with its request's parameters, and the
+// scheduler commits the tokens. Why apart from any model: the pool, the scheduler, the
+// sampler and this loop are the same for every decoder; a model only says how its layers
+// run a plan (examples/llama/generate/llama_engine.hpp is one). The engine is
+// single-threaded; a server drives it from one thread (loom/serve/http_server.hpp).
+
+#include <loom/core/buffer.hpp>
+#include <loom/core/error.hpp>
+#include <loom/kv/block_allocator.hpp>
+#include <loom/kv/paged_kv_cache.hpp>
+#include <loom/kv/sampler.hpp>
+#include <loom/kv/scheduler.hpp>
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace loom::kv {
+
+struct engine_config {
+  std::int32_t num_blocks = 256;  ///< KV pool size in blocks (all layers)
+  std::int32_t block_size = 16;
+  scheduler_config scheduler;  ///< max_model_len is capped at the model's context
+};
+
+/// What the engine runs.
+/// Requires: vocab() (the length of a logit row); max_context() (the longest sequence it runs);
+/// kv_shape(num_blocks, block_size) (the pool it attends over); reserve(tokens, seqs) (sizes
+/// its buffers once for a plan of that many tokens and sampled rows); forward(plan, cache,
+/// logits) (runs the plan's tokens, appending their keys and values to `cache`, and writes the
+/// logits of the plan's sampled rows, in chunk order, to `logits` [rows, vocab]; returns rows).
+template <class M, class KV>
+concept paged_model = requires(M& m, const M& cm, const step_plan& plan, paged_kv_cache<KV>& cache, std::span<float> logits,
+                               std::int32_t n) {
+  { cm.vocab() } -> std::convertible_to<std::int64_t>;
+  { cm.max_context() } -> std::convertible_to<std::int64_t>;
+  { cm.kv_shape(n, n) } -> std::same_as<kv_cache_shape>;
+  m.reserve(n, n);
+  { m.forward(plan, cache, logits) } -> std::convertible_to<std::int64_t>;
+};
+
+template <class Model, kv_element KV = float>
+  requires paged_model<Model, KV>
+class engine {
+ public:
+  /// The model is built in place from `model_args`; `cfg`'s context is capped at the model's.
+  template <class... ModelArgs>
+  explicit engine(engine_config cfg, ModelArgs&&... model_args)
+      : model_(std::forward<ModelArgs>(model_args)...),
+        cfg_(clamp(cfg, model_.max_context())),
+        alloc_(cfg_.num_blocks, cfg_.block_size),
+        cache_(model_.kv_shape(cfg_.num_blocks, cfg_.block_size)),
+        sched_(cfg_.scheduler, alloc_) {
+    model_.reserve(cfg_.scheduler.max_num_batched_tokens, cfg_.scheduler.max_num_seqs);
+    const auto S = static_cast<std::size_t>(cfg_.scheduler.max_num_seqs), V = static_cast<std::size_t>(model_.vocab());
+    logits_ = buffer<float>(S * V);
+    raw_logits_ = buffer<float>(S * V);
+  }
+  engine(const engine&) = delete;  // the scheduler holds the allocator
+  engine& operator=(const engine&) = delete;
+
+  const Model& model() const noexcept { return model_; }
+  const engine_config& config() const noexcept { return cfg_; }
+  kv::scheduler& scheduler() noexcept { return sched_; }
+  block_allocator& allocator() noexcept { return alloc_; }
+  std::size_t kv_bytes() const noexcept { return cache_.bytes(); }
+  std::int64_t tokens_computed() const noexcept { return tokens_computed_; }
+  std::int64_t steps() const noexcept { return steps_; }
+  /// Logits [vocab] of the i-th sampled sequence of the last step (before sampling changed them).
+  std::span<const float> last_logits(std::size_t i) const {
+    LOOM_CHECK(i < sampled_.size(), "kv::engine::last_logits: index ", i, " but the last step sampled ", sampled_.size(),
+               " sequences");
+    const auto V = static_cast<std::size_t>(model_.vocab());
+    return {raw_logits_.data() + i * V, V};
+  }
+
+  /// Queues a request (token ids are checked against the vocabulary).
+  void add(request r) {
+    for (auto t : r.prompt)
+      LOOM_CHECK(t >= 0 && t < model_.vocab(), "kv::engine::add: request ", r.id, " has token id ", t,
+                 " outside the vocabulary of ", model_.vocab());
+    sched_.add(std::move(r));
+  }
+  void cancel(std::uint64_t id) { sched_.cancel(id); }
+  bool has_work() const noexcept { return sched_.has_work(); }
+
+  /// Runs one scheduler step; returns the tokens produced.
+  const std::vector<token_event>& step() {
+    const step_plan& plan = sched_.schedule();
+    LOOM_CHECK(!plan.empty() || !sched_.has_work(), "kv::engine::step: the scheduler made no progress with ",
+               sched_.num_waiting(), " waiting and ", sched_.num_running(), " running sequences");
+    for (auto c : plan.copies) cache_.copy_block(c.src, c.dst);
+    sampled_.clear();
+    if (plan.num_tokens() > 0) {
+      const std::int64_t rows = model_.forward(plan, cache_, logits_.span()), V = model_.vocab();
+      std::copy_n(logits_.data(), rows * V, raw_logits_.data());
+      std::int64_t row = 0;
+      for (const auto& c : plan.chunks) {
+        if (!c.samples) continue;
+        std::span<float> l(logits_.data() + row++ * V, static_cast<std::size_t>(V));
+        sampled_.push_back(sampler_.sample(l, c.seq->req.sampling, c.seq->tokens, static_cast<std::int64_t>(c.seq->tokens.size())));
+      }
+    }
+    ++steps_;
+    tokens_computed_ += plan.num_tokens();
+    return sched_.commit(sampled_);
+  }
+
+  /// Runs the given requests to completion; returns each request's generated tokens.
+  std::map<std::uint64_t, std::vector<token_id>> generate(std::vector<request> reqs) {
+    for (auto& r : reqs) add(std::move(r));
+    std::map<std::uint64_t, std::vector<token_id>> out;
+    while (has_work())
+      for (const auto& e : step()) out[e.id].push_back(e.token);
+    sched_.take_finished();
+    return out;
+  }
+
+ private:
+  static engine_config clamp(engine_config cfg, std::int64_t context) {
+    if (cfg.scheduler.max_model_len > context) cfg.scheduler.max_model_len = static_cast<std::int32_t>(context);
+    if (cfg.scheduler.max_num_seqs > cfg.scheduler.max_num_batched_tokens)
+      cfg.scheduler.max_num_seqs = cfg.scheduler.max_num_batched_tokens;
+    return cfg;
+  }
+
+  Model model_;
+  engine_config cfg_;
+  block_allocator alloc_;
+  paged_kv_cache<KV> cache_;
+  kv::scheduler sched_;
+  sampler sampler_;
+  buffer<float> logits_;      // [seqs, vocab]
+  buffer<float> raw_logits_;  // [seqs, vocab] before penalties and temperature
+  std::vector<token_id> sampled_;
+  std::int64_t tokens_computed_ = 0, steps_ = 0;
+};
+
+}  // namespace loom::kv

@@ -1,0 +1,37 @@
+#pragma once
+// Launch shapes shared by loom's CUDA kernels, and their input-view type (plain C++: no
+// kernel here, so g++ compiles it).
+//
+// Elementwise kernels are grid-stride loops over a grid capped at grid_cap blocks: enough
+// blocks to fill any current GPU, few enough that each thread does several elements. Row
+// kernels (norms, cross-entropy) give one block of row_block threads to a row and reduce its
+// statistics with a CUB block reduction.
+
+#include <loom/core/device.hpp>
+#include <loom/core/tensor_view.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+
+namespace loom::ops {
+
+/// An input view of device elements; T is deduced from the outputs, so a mutable view passes
+/// where a const one is expected (ops/host's in_view, for the cuda tag).
+template <class T, std::size_t R>
+using device_in_view = tensor_view<const std::type_identity_t<T>, cuda, R>;
+
+namespace kernels {
+
+inline constexpr unsigned elementwise_block = 256;
+inline constexpr unsigned row_block = 256;
+inline constexpr index_t grid_cap = 65535;
+
+/// Blocks for n elements at `block` threads each, at least 1, at most grid_cap.
+inline unsigned grid_for(index_t n, unsigned block) {
+  const index_t g = (n + block - 1) / block;
+  return static_cast<unsigned>(std::clamp<index_t>(g, 1, grid_cap));
+}
+
+}  // namespace kernels
+}  // namespace loom::ops

@@ -1,0 +1,287 @@
+// Every CUDA kernel of ops/cuda and optim/cuda against its host counterpart (the oracle: the
+// host kernels run the same ops/math functions and have their own tests against naive and
+// PyTorch references) on random inputs; GEMM against a naive double-precision product.
+// Labelled `gpu`; without a device the test main skips it by name.
+//
+// Tolerances, per dtype (|gpu - host| <= atol + rtol |host|):
+//   fp32 elementwise and row kernels: rtol 1e-5, atol 1e-6 (nvcc contracts a*b+c into FMAs and
+//     the row sums are added in another order; both change only the last bits)
+//   fp32 GEMM (cuBLAS, fp32 compute, no TF32): rtol 1e-4, atol 1e-4 against double
+//   bf16 / fp16 GEMM operands, fp32 accumulation: rtol 1e-3, atol 1e-3 against double on the
+//     same rounded operands; a bf16 / fp16 C adds its rounding: rtol 1e-2 (bf16), 2e-3 (fp16)
+//   squared norm (double accumulation on both sides, in another order): rtol 1e-10
+#include <loom/core/buffer.hpp>
+#include <loom/core/cuda/memory.hpp>
+#include <loom/core/random.hpp>
+#include <loom/ops/cuda/activation.cuh>
+#include <loom/ops/cuda/cross_entropy.cuh>
+#include <loom/ops/cuda/gemm.hpp>
+#include <loom/ops/cuda/norm.cuh>
+#include <loom/ops/cuda/reduce.cuh>
+#include <loom/ops/cuda/rope.cuh>
+#include <loom/ops/host/activation.hpp>
+#include <loom/ops/host/cross_entropy.hpp>
+#include <loom/ops/host/norm.hpp>
+#include <loom/ops/host/rope.hpp>
+#include <loom/optim/adamw.hpp>
+#include <loom/optim/clip.hpp>
+#include <loom/optim/cuda/adamw.cuh>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace {
+
+using loom::host;
+using loom::index_t;
+using loom::make_view;
+namespace ops = loom::ops;
+
+template <class T>
+std::vector<T> random_vector(std::size_t n, std::uint64_t seed, float scale = 1.f) {
+  std::vector<float> f(n);
+  loom::counter_rng(seed).fill_normal(std::span<float>(f), 0, 0.f, scale);
+  return std::vector<T>(f.begin(), f.end());
+}
+
+/// A device copy of a host vector.
+template <class T>
+loom::buffer<T, loom::cuda> upload(const std::vector<T>& v) {
+  loom::buffer<T, loom::cuda> d(v.size());
+  LOOM_CUDA_CHECK(cudaMemcpy(d.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+template <class T>
+std::vector<T> download(const loom::buffer<T, loom::cuda>& d) {
+  std::vector<T> v(d.size());
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+  LOOM_CUDA_CHECK(cudaMemcpy(v.data(), d.data(), v.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+/// |got - want| <= atol + rtol |want| everywhere; reports the first element that is not.
+template <class A, class B>
+void require_close(const std::vector<A>& got, const std::vector<B>& want, double rtol, double atol, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = static_cast<double>(static_cast<float>(got[i])), w = static_cast<double>(static_cast<float>(want[i]));
+    if (!(std::abs(g - w) <= atol + rtol * std::abs(w))) {
+      INFO(what << ": element " << i << " is " << g << " on the GPU, " << w << " on the host");
+      REQUIRE(false);
+    }
+  }
+}
+
+template <class T, class... I>
+auto cview(const loom::buffer<T, loom::cuda>& b, I... e) {
+  return loom::tensor_view<const T, loom::cuda, sizeof...(I)>(b.data(), loom::extents<sizeof...(I)>{index_t(e)...});
+}
+template <class T, class... I>
+auto mview(loom::buffer<T, loom::cuda>& b, I... e) {
+  return loom::tensor_view<T, loom::cuda, sizeof...(I)>(b.data(), loom::extents<sizeof...(I)>{index_t(e)...});
+}
+
+constexpr double rtol32 = 1e-5, atol32 = 1e-6;
+
+template <class P>
+void check_rmsnorm(index_t n, index_t d) {
+  const auto x = random_vector<float>(std::size_t(n * d), 1), dy = random_vector<float>(x.size(), 2);
+  auto w = random_vector<P>(std::size_t(d), 3);
+  std::vector<float> y(x.size()), rstd(static_cast<std::size_t>(n)), dx = random_vector<float>(x.size(), 4), dw = random_vector<float>(std::size_t(d), 5);
+  auto gx = upload(x), gdy = upload(dy), gy = upload(y), grstd = upload(rstd), gdx = upload(dx), gdw = upload(dw);
+  auto gw = upload(w);
+  ops::rmsnorm_forward(host{}, make_view(x.data(), n, d), make_view(w.data(), d), make_view(y.data(), n, d),
+                       make_view(rstd.data(), n), 1e-5f);
+  ops::rmsnorm_backward(host{}, make_view(dy.data(), n, d), make_view(x.data(), n, d), make_view(w.data(), d),
+                        make_view(rstd.data(), n), make_view(dx.data(), n, d), make_view(dw.data(), d));
+  ops::rmsnorm_forward(loom::cuda{}, cview(gx, n, d), cview(gw, d), mview(gy, n, d), mview(grstd, n), 1e-5f);
+  ops::rmsnorm_backward(loom::cuda{}, cview(gdy, n, d), cview(gx, n, d), cview(gw, d), cview(grstd, n), mview(gdx, n, d),
+                        mview(gdw, d));
+  require_close(download(gy), y, rtol32, atol32, "rmsnorm y");
+  require_close(download(grstd), rstd, rtol32, atol32, "rmsnorm rstd");
+  require_close(download(gdx), dx, rtol32, 1e-5, "rmsnorm dx");
+  require_close(download(gdw), dw, rtol32, 1e-4, "rmsnorm dw (a sum over rows)");
+}
+
+}  // namespace
+
+TEST_CASE("rmsnorm forward and backward on the GPU equal the host's (fp32, fp32 and bf16 weights)") {
+  for (auto [n, d] : {std::pair<index_t, index_t>{1, 1}, {7, 130}, {33, 1024}, {64, 4099}}) {
+    CAPTURE(n);
+    CAPTURE(d);
+    check_rmsnorm<float>(n, d);
+    check_rmsnorm<loom::bfloat16>(n, d);
+  }
+  loom::buffer<float, loom::cuda> x(12), y(12), r(3);
+  loom::buffer<float, loom::cuda> w(4);
+  CHECK_THROWS_WITH_AS(ops::rmsnorm_forward(loom::cuda{}, cview(x, 3, 4), cview(w, 4), mview(y, 3, 4), mview(r, 3), 0.f),
+                       doctest::Contains("eps must be > 0, got eps=0"), loom::error);
+}
+
+TEST_CASE("rope forward and backward on the GPU equal the host's in both conventions, partial rotary included") {
+  const index_t b = 2, s = 9, h = 3, hd = 16;
+  for (index_t rot : {index_t(0), index_t(8)})
+    for (auto style : {ops::rope_style::interleaved, ops::rope_style::half_split}) {
+      CAPTURE(rot);
+    CAPTURE(int(style));
+      const ops::rope_table<float> table(20, hd, 10000.0, rot);
+      const std::vector<float> cos(table.cos.begin(), table.cos.end()), sin(table.sin.begin(), table.sin.end());
+      auto gcos = upload(cos), gsin = upload(sin);
+      const index_t half = table.rotary_dim / 2;
+      auto x = random_vector<float>(std::size_t(b * s * h * hd), 6);
+      auto gx = upload(x);
+      ops::rope_forward(host{}, make_view(x.data(), b, s, h, hd), table, style, 3);
+      ops::rope_forward(loom::cuda{}, mview(gx, b, s, h, hd), cview(gcos, 20, half), cview(gsin, 20, half), style, 3);
+      require_close(download(gx), x, rtol32, atol32, "rope forward");
+      ops::rope_backward(host{}, make_view(x.data(), b, s, h, hd), table, style, 2);
+      ops::rope_backward(loom::cuda{}, mview(gx, b, s, h, hd), cview(gcos, 20, half), cview(gsin, 20, half), style, 2);
+      require_close(download(gx), x, rtol32, atol32, "rope backward");
+      CHECK_THROWS_WITH_AS(ops::rope_forward(loom::cuda{}, mview(gx, b, s, h, hd), cview(gcos, 20, half), cview(gsin, 20, half), style, 12),
+                           doctest::Contains("exceed the table's max_seq=20"), loom::error);
+    }
+}
+
+TEST_CASE("swiglu forward and backward on the GPU equal the host's") {
+  const index_t n = 100003;
+  const auto a = random_vector<float>(std::size_t(n), 7, 3.f), bv = random_vector<float>(std::size_t(n), 8), dout = random_vector<float>(std::size_t(n), 9);
+  std::vector<float> out(a.size()), da = random_vector<float>(a.size(), 10), db = random_vector<float>(a.size(), 11);
+  auto ga = upload(a), gb = upload(bv), gdo = upload(dout), gout = upload(out), gda = upload(da), gdb = upload(db);
+  ops::swiglu_forward(host{}, make_view(a.data(), n), make_view(bv.data(), n), make_view(out.data(), n));
+  ops::swiglu_forward(loom::cuda{}, mview(ga, n), mview(gb, n), mview(gout, n));  // mutable inputs pass too
+  require_close(download(gout), out, rtol32, atol32, "swiglu");
+  for (bool acc : {true, false}) {
+    ops::swiglu_backward(host{}, make_view(dout.data(), n), make_view(a.data(), n), make_view(bv.data(), n),
+                         make_view(da.data(), n), make_view(db.data(), n), acc);
+    ops::swiglu_backward(loom::cuda{}, cview(gdo, n), cview(ga, n), cview(gb, n), mview(gda, n), mview(gdb, n), acc);
+    require_close(download(gda), da, rtol32, atol32, "swiglu da");
+    require_close(download(gdb), db, rtol32, atol32, "swiglu db");
+  }
+}
+
+TEST_CASE("fused AdamW on the GPU equals optim::adamw_update over several steps") {
+  const std::size_t n = 1 << 16 | 5;
+  auto p = random_vector<float>(n, 12), g = random_vector<float>(n, 13, 0.1f);
+  std::vector<float> m(n), v(n);
+  auto gp = upload(p), gg = upload(g), gm = upload(m), gv = upload(v);
+  const auto len = index_t(n);
+  for (std::int64_t t = 1; t <= 5; ++t) {
+    loom::optim::adamw_update(p, g, m, v, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, t);
+    loom::optim::adamw_update(loom::cuda{}, mview(gp, len), cview(gg, len), mview(gm, len), mview(gv, len), 1e-2f, 0.9f, 0.999f,
+                              1e-8f, 0.1f, t);
+  }
+  require_close(download(gp), p, rtol32, atol32, "adamw params");
+  require_close(download(gm), m, rtol32, atol32, "adamw exp_avg");
+  require_close(download(gv), v, rtol32, 1e-9, "adamw exp_avg_sq");
+}
+
+TEST_CASE("the GPU squared norm equals the host's and flags inf and NaN") {
+  for (std::size_t n : {std::size_t(1), std::size_t(1000), std::size_t(3'000'017)}) {
+    CAPTURE(n);
+    auto x = random_vector<float>(n, 14);
+    auto gx = upload(x);
+    loom::buffer<double, loom::cuda> ws(static_cast<std::size_t>(ops::sum_of_squares_workspace));
+    loom::buffer<int, loom::cuda> flag(1);
+    LOOM_CUDA_CHECK(cudaMemset(flag.data(), 0, sizeof(int)));
+    ops::sum_of_squares(loom::cuda{}, cview(gx, index_t(n)), mview(ws, ops::sum_of_squares_workspace), mview(flag, 1));
+    const auto got = download(ws);
+    const double want = loom::optim::sum_of_squares(x);
+    CHECK(std::abs(got[0] - want) <= 1e-10 * want);
+    CHECK(download(flag)[0] == 0);
+    for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+      x[n / 2] = bad;
+      auto gbad = upload(x);
+      ops::sum_of_squares(loom::cuda{}, cview(gbad, index_t(n)), mview(ws, ops::sum_of_squares_workspace), mview(flag, 1));
+      CHECK(download(flag)[0] == 1);
+      LOOM_CUDA_CHECK(cudaMemset(flag.data(), 0, sizeof(int)));
+    }
+  }
+}
+
+TEST_CASE("softmax cross-entropy forward and backward on the GPU equal the host's, ignore_index included") {
+  for (auto [n, v] : {std::pair<index_t, index_t>{5, 7}, {64, 4096}, {17, 32001}}) {
+    CAPTURE(n);
+    CAPTURE(v);
+    const auto logits = random_vector<float>(std::size_t(n * v), 15, 3.f);
+    std::vector<std::int32_t> tgt(static_cast<std::size_t>(n));
+    for (index_t i = 0; i < n; ++i) tgt[std::size_t(i)] = i % 4 == 1 ? -100 : std::int32_t((i * 37) % v);
+    std::vector<float> lse(static_cast<std::size_t>(n)), dl(logits.size()), dl_acc = random_vector<float>(logits.size(), 16);
+    auto gl = upload(logits), glse = upload(lse), gdl = upload(dl), gacc = upload(dl_acc);
+    auto gt = upload(tgt);
+    ops::cross_entropy_workspace ws(n);
+    const float loss = ops::cross_entropy_forward_backward(host{}, make_view(logits.data(), n, v), make_view(tgt.data(), n),
+                                                           make_view(lse.data(), n), make_view(dl.data(), n, v));
+    const float gloss = ops::cross_entropy_forward(loom::cuda{}, cview(gl, n, v), cview(gt, n), mview(glse, n), ws, mview(gdl, n, v));
+    CHECK(std::abs(gloss - loss) <= 1e-5 * std::abs(loss));
+    require_close(download(glse), lse, rtol32, atol32, "cross-entropy lse");
+    require_close(download(gdl), dl, rtol32, atol32, "cross-entropy dlogits (forward)");
+    ops::cross_entropy_backward(host{}, make_view(logits.data(), n, v), make_view(tgt.data(), n), make_view(lse.data(), n),
+                                make_view(dl_acc.data(), n, v), 0.5f);
+    ops::cross_entropy_backward(loom::cuda{}, cview(gl, n, v), cview(gt, n), cview(glse, n), mview(gacc, n, v), ws, 0.5f);
+    require_close(download(gacc), dl_acc, rtol32, atol32, "cross-entropy dlogits (backward, accumulated)");
+    // forward without dlogits (lse and loss only), backward that writes (ignored rows zeroed)
+    const float gloss_only = ops::cross_entropy_forward(loom::cuda{}, cview(gl, n, v), cview(gt, n), mview(glse, n), ws);
+    CHECK(gloss_only == gloss);
+    require_close(download(glse), lse, rtol32, atol32, "cross-entropy lse (forward only)");
+    ops::cross_entropy_backward(host{}, make_view(logits.data(), n, v), make_view(tgt.data(), n), make_view(lse.data(), n),
+                                make_view(dl_acc.data(), n, v), 2.f, {}, false);
+    ops::cross_entropy_backward(loom::cuda{}, cview(gl, n, v), cview(gt, n), cview(glse, n), mview(gacc, n, v), ws, 2.f, {},
+                                false);
+    require_close(download(gacc), dl_acc, rtol32, atol32, "cross-entropy dlogits (backward, written)");
+    tgt[std::size_t(n - 1)] = std::int32_t(v + 3);
+    auto gbad = upload(tgt);
+    const std::string message = "target " + std::to_string(v + 3) + " at position " + std::to_string(n - 1);
+    CHECK_THROWS_WITH_AS(ops::cross_entropy_forward(loom::cuda{}, cview(gl, n, v), cview(gbad, n), mview(glse, n), ws),
+                         doctest::Contains(message.c_str()), loom::error);
+  }
+}
+
+namespace {
+/// C = A B in double from float-converted operands: [m, k] x [k, n] (b_t: B given as [n, k]).
+template <class T>
+std::vector<double> naive_gemm(const std::vector<T>& a, const std::vector<T>& b, index_t m, index_t k, index_t n, bool b_t) {
+  std::vector<double> c(std::size_t(m * n));
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (index_t p = 0; p < k; ++p)
+        s += double(float(a[std::size_t(i * k + p)])) * double(float(b[std::size_t(b_t ? j * k + p : p * n + j)]));
+      c[std::size_t(i * n + j)] = s;
+    }
+  return c;
+}
+
+template <class T, class TC>
+void check_gemm(const ops::cublas_handle& handle, double rtol, double atol) {
+  const index_t m = 67, k = 130, n = 45;
+  const auto a = random_vector<T>(std::size_t(m * k), 17), b = random_vector<T>(std::size_t(k * n), 18);
+  auto ga = upload(a), gb = upload(b);
+  loom::buffer<TC, loom::cuda> gc(static_cast<std::size_t>(m * n));
+  for (bool b_t : {false, true}) {
+    CAPTURE(b_t);
+    const auto want = naive_gemm(a, b, m, k, n, b_t);
+    // B as a [k, n] view: row-major, or the transpose of a row-major [n, k] matrix
+    const auto bv = b_t ? loom::tensor_view<const T, loom::cuda, 2>(gb.data(), {k, n}, {1, k}) : cview(gb, k, n);
+    ops::gemm(loom::cuda{}, handle, cview(ga, m, k), bv, mview(gc, m, n));
+    const auto got = download(gc);
+    require_close(got, want, rtol, atol, "gemm");
+  }
+}
+}  // namespace
+
+TEST_CASE("cuBLAS GEMM: fp32, and bf16 / fp16 operands with fp32 accumulation, against a double product") {
+  const ops::cublas_handle handle;
+  check_gemm<float, float>(handle, 1e-4, 1e-4);
+  check_gemm<loom::bfloat16, float>(handle, 1e-3, 1e-3);
+  check_gemm<loom::half, float>(handle, 1e-3, 1e-3);
+  check_gemm<loom::bfloat16, loom::bfloat16>(handle, 1e-2, 1e-2);
+  check_gemm<loom::half, loom::half>(handle, 2e-3, 2e-3);
+  loom::buffer<float, loom::cuda> a(6), b(6), c(4);
+  CHECK_THROWS_WITH_AS(ops::gemm(loom::cuda{}, handle, cview(a, 2, 3), cview(b, 2, 3), mview(c, 2, 2)),
+                       doctest::Contains("inner sizes differ"), loom::error);
+}
