@@ -143,7 +143,10 @@ TEST_CASE("nf4 expansion: every instruction set this CPU runs gives the scalar l
   std::vector<float> want(2 * q.size()), got(2 * q.size());
   quant::detail::nf4_expand_scalar(q.data(), index_t(q.size()), lut, want.data());
   for (const auto isa : {quant::detail::nf4_isa::avx2, quant::detail::nf4_isa::avx512}) {
-    if (isa > quant::detail::nf4_best_isa()) continue;  // this CPU lacks it
+    if (isa > quant::detail::nf4_best_isa()) {  // this CPU lacks it: say so, by name
+      MESSAGE("skipped: nf4 expansion ", isa == quant::detail::nf4_isa::avx2 ? "avx2" : "avx512", " (this CPU lacks it)");
+      continue;
+    }
     std::fill(got.begin(), got.end(), -9.f);
     quant::detail::nf4_expand(isa, q.data(), index_t(q.size()), lut, got.data());
     check_same_bits(got, want, isa == quant::detail::nf4_isa::avx2 ? "avx2" : "avx512");

@@ -10,6 +10,7 @@
 
 #include "llama_server.hpp"
 #include "serve_client.hpp"
+#include "serve_model.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -25,13 +26,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-config small_model(int max_seq_len = 192, int dim = 48, int layers = 2) {
-  config c;
-  c.dim = dim, c.hidden_dim = 2 * dim, c.n_layers = layers, c.n_heads = 4, c.n_kv_heads = 2, c.vocab = 259;
-  c.seq_len = max_seq_len;
-  c.tied_output = false;
-  return c;
-}
 
 engine_config small_engine(int num_blocks = 160) {
   engine_config ec;

@@ -12,6 +12,7 @@
 
 #include "llama_server.hpp"
 #include "serve_client.hpp"
+#include "serve_model.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -40,11 +41,7 @@ long rss_kib() {
 }  // namespace
 
 TEST_CASE("llama-serve load: 64 mixed clients, slow ones holding connections") {
-  config c;
-  c.dim = 48, c.hidden_dim = 96, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.vocab = 259;
-  c.seq_len = 192;
-  c.tied_output = false;
-  const flat_weights w = flat_weights::random(c, 11);
+  const flat_weights w = flat_weights::random(small_model(), 11);
   engine_config ec;
   ec.num_blocks = 512;
   ec.block_size = 16;

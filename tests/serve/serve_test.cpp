@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include "llama_server.hpp"
+#include "serve_model.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -17,14 +18,6 @@ using namespace loom::serve;
 using nlohmann::json;
 
 namespace {
-
-config server_model() {
-  config c;
-  c.dim = 48, c.hidden_dim = 96, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.vocab = 259;
-  c.seq_len = 192;
-  c.tied_output = false;
-  return c;
-}
 
 engine_config server_engine() {
   engine_config ec;
@@ -93,7 +86,7 @@ std::string read_sse(const std::string& body, bool chat, std::string* finish) {
 }  // namespace
 
 TEST_CASE("llama-serve: protocols, streaming, concurrency, errors") {
-  const flat_weights w = flat_weights::random(server_model(), 3);
+  const flat_weights w = flat_weights::random(serve_test::small_model(), 3);
   llama_server server(w, server_engine(), text_codec{});
   const int port = server.start("127.0.0.1", 0);
   REQUIRE(port > 0);
