@@ -24,3 +24,15 @@ function(loom_bench_march target)
     endif()
   endif()
 endfunction()
+
+# loom_example_tests(): registers the tests of the programs the calling examples/ folder defines
+# from tests/<that folder>/cli_tests.cmake, so tests live under tests/ (mirroring the tree) while
+# they run in the program's scope: CMAKE_CURRENT_SOURCE_DIR / _BINARY_DIR are the program's
+# folders, and its targets are defined (tests/ is added before examples/).
+function(loom_example_tests)
+  if(NOT LOOM_BUILD_TESTS)
+    return()
+  endif()
+  file(RELATIVE_PATH _rel ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+  include(${PROJECT_SOURCE_DIR}/tests/${_rel}/cli_tests.cmake)
+endfunction()

@@ -1,0 +1,19 @@
+# llama-serve's command-line tests (loom_example_tests: run in examples/llama/serve's scope):
+# a bad port is refused naming the flag and value, before anything listens.
+add_test(NAME llama_serve_cli_bad_port COMMAND llama-serve --random --port eighty)
+set_tests_properties(llama_serve_cli_bad_port PROPERTIES PASS_REGULAR_EXPRESSION "flag --port needs a number, got 'eighty'"
+                                                         TIMEOUT 30)
+add_test(NAME llama_serve_cli_port_range COMMAND llama-serve --random --port 70000)
+set_tests_properties(llama_serve_cli_port_range PROPERTIES PASS_REGULAR_EXPRESSION "flag --port must be in \\[1, 65535\\], got 70000"
+                                                           TIMEOUT 30)
+# a chat template that does not exist, or one the byte codec cannot carry, is named
+add_test(NAME llama_serve_cli_bad_template COMMAND llama-serve --random --template gpt4)
+set_tests_properties(llama_serve_cli_bad_template PROPERTIES
+                     PASS_REGULAR_EXPRESSION "flag --template: 'gpt4' is not one of chatglm2, chatglm3, llama2, none" TIMEOUT 30)
+add_test(NAME llama_serve_cli_template_needs_tokenizer COMMAND llama-serve --random --template chatglm3 --port 1)
+set_tests_properties(llama_serve_cli_template_needs_tokenizer PROPERTIES
+                     PASS_REGULAR_EXPRESSION "flag --template chatglm3 needs --tokenizer" TIMEOUT 30)
+add_test(NAME llama_serve_cli_template_lacks_specials COMMAND llama-serve --random --tokenizer bytes --template chatglm3 --port 1)
+set_tests_properties(llama_serve_cli_template_lacks_specials PROPERTIES
+                     PASS_REGULAR_EXPRESSION "chat template chatglm3 needs the special token \\[gMASK\\], which tokenizer 'bytes' lacks"
+                     TIMEOUT 30)
