@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Runs loom's tests under sanitizers, each in its own build folder (RelWithDebInfo at -O1, so
-# reports carry file:line):
+# Runs loom's tests under sanitizers, each in its own build folder:
 #   scripts/sanitize.sh asan   ASan + UBSan (build-asan): the test suite, less the tests below
 #   scripts/sanitize.sh tsan   TSan (build-tsan): the tests whose code runs on several threads
 #                              (thread ranks, the thread pool, the serving scheduler, the
@@ -9,18 +8,25 @@
 # arguments go to ctest (e.g. -R thread_pool). The CUDA backend is off in these builds (nvcc
 # does not take the host sanitizer flags); benchmarks and header tests are off (no code of
 # their own runs under the tests that matter here, and they would double the build).
+# Optimisation (LOOM_SANITIZE_FLAGS overrides it, e.g. "-O1 -g" for file:line in reports):
+#   asan: -Og, no debug info. Compiling is most of this part's time on 2 cores, and ASan +
+#         UBSan instrumentation makes -O1's passes and the debug info the costly part of each
+#         template-heavy unit (figures: docs/reliability.md). Reports still name every frame's
+#         function; reproduce a failure with -g for file:line. The compute-bound GEMM test keeps
+#         -O1 (tests/ops/host/CMakeLists.txt).
+#   tsan: -O1 -g1: few targets, and a race report needs both accesses' file:line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: scripts/sanitize.sh asan|tsan [ctest arguments]}
 shift
 jobs=${JOBS:-$(nproc)}
 export OPENBLAS_NUM_THREADS=1
-common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" -DLOOM_ENABLE_CUDA=OFF
-        -DLOOM_HEADER_TESTS=OFF -DLOOM_BUILD_BENCHMARKS=OFF)
+common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_ENABLE_CUDA=OFF -DLOOM_HEADER_TESTS=OFF -DLOOM_BUILD_BENCHMARKS=OFF)
 case "$mode" in
   asan)
     dir=build-asan
-    cmake -S . -B "$dir" "${common[@]}" -DLOOM_SANITIZE=address,undefined >/dev/null
+    cmake -S . -B "$dir" "${common[@]}" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=${LOOM_SANITIZE_FLAGS:--Og}" \
+          -DLOOM_SANITIZE=address,undefined >/dev/null
     cmake --build "$dir" -j "$jobs"
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:detect_stack_use_after_return=1:strict_string_checks=1:check_initialization_order=1}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
@@ -45,7 +51,8 @@ case "$mode" in
     # binary, llama_serve_tests: tests/serve)
     targets=(core_thread_pool_test comm_thread_comm_test comm_mesh_test sched_all_gather_test sched_reduce_scatter_test
              kv_scheduler_test zero_engine_test pipeline_executor_test comm_fault_thread_test llama_serve_tests)
-    cmake -S . -B "$dir" "${common[@]}" -DLOOM_SANITIZE=thread -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_ENABLE_MPI=OFF >/dev/null
+    cmake -S . -B "$dir" "${common[@]}" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=${LOOM_SANITIZE_FLAGS:--O1 -g1}" \
+          -DLOOM_SANITIZE=thread -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_ENABLE_MPI=OFF >/dev/null
     # the server's tests exist only where cpp-httplib and BLAS were found
     known=$(cmake --build "$dir" --target help)
     targets=($(for t in "${targets[@]}"; do grep -qw -- "$t" <<<"$known" && echo "$t"; done))

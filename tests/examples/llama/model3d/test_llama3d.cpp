@@ -17,6 +17,10 @@
 #include <map>
 #include <vector>
 
+// A named namespace: this file is one of the trainer group's unity-built files
+// (loom_add_test_group), whose helpers must not meet another file's.
+namespace llama3d_model_test {
+
 using loom::index_t;
 using loom::comm::thread_comm;
 
@@ -194,3 +198,5 @@ TEST_CASE("bad meshes and splits are refused with an error naming them") {
                          doctest::Contains("n_heads (6) must be divisible by tp (4)"), loom::error);
   });
 }
+
+}  // namespace llama3d_model_test
