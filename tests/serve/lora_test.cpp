@@ -36,9 +36,12 @@ struct lora_spec {
   loom::io::tensor_map peft;
 };
 
+// The decoder tensor each HF module name is (LLaMA's seven, ChatGLM's four fused ones).
 const std::map<std::string, std::string> lora_tensor_of = {
-    {"q_proj", "attention.wq"}, {"k_proj", "attention.wk"},    {"v_proj", "attention.wv"},     {"o_proj", "attention.wo"},
-    {"gate_proj", "feed_forward.w1"}, {"up_proj", "feed_forward.w3"}, {"down_proj", "feed_forward.w2"}};
+    {"q_proj", "attention.wq"},          {"k_proj", "attention.wk"},         {"v_proj", "attention.wv"},
+    {"o_proj", "attention.wo"},          {"gate_proj", "feed_forward.w1"},   {"up_proj", "feed_forward.w3"},
+    {"down_proj", "feed_forward.w2"},    {"query_key_value", "attention.wqkv"}, {"dense", "attention.wo"},
+    {"dense_h_to_4h", "feed_forward.w13"}, {"dense_4h_to_h", "feed_forward.w2"}};
 
 lora_spec make_lora(const llama::config& c, const loom::lora::config& lc, std::uint64_t seed, float b_scale) {
   const loom::counter_rng rng(seed);
@@ -55,14 +58,15 @@ lora_spec make_lora(const llama::config& c, const loom::lora::config& lc, std::u
       at += A.data.size();
       rng.fill_uniform(B.data.span(), at, -b_scale, b_scale);
       at += B.data.size();
-      s.peft[loom::lora::peft_tensor_name("llama", l, m, 'A')] = std::move(A);
-      s.peft[loom::lora::peft_tensor_name("llama", l, m, 'B')] = std::move(B);
+      s.peft[loom::lora::peft_tensor_name(c.model_type, l, m, 'A')] = std::move(A);
+      s.peft[loom::lora::peft_tensor_name(c.model_type, l, m, 'B')] = std::move(B);
     }
   return s;
 }
 
-// The base with the adapter merged: W += scaling B A in double. PEFT stores B of q/k in HF's
-// half-split row order; loom's row h*hd + 2i + p (interleaved pairs) is HF's h*hd + p*hd/2 + i.
+// The base with the adapter merged: W += scaling B A in double. PEFT stores B of a LLaMA's q/k
+// in HF's half-split row order; loom's row h*hd + 2i + p (interleaved pairs) is HF's
+// h*hd + p*hd/2 + i. ChatGLM's fused tensors are merged whole ([Q | K | V], [gate | up]).
 flat_weights merged(const flat_weights& w, const lora_spec& s) {
   const llama::config& c = w.cfg;
   flat_weights out{c, w.layout, loom::buffer<float>(w.params.size())};
@@ -73,8 +77,8 @@ flat_weights merged(const flat_weights& w, const lora_spec& s) {
     for (const auto& m : s.cfg.target_modules) {
       const auto& e = w.layout.find("layers." + std::to_string(l) + "." + lora_tensor_of.at(m) + ".weight");
       const index_t rows = e.shape[0], cols = e.shape[1];
-      const auto& A = s.peft.at(loom::lora::peft_tensor_name("llama", l, m, 'A')).data;
-      const auto& B = s.peft.at(loom::lora::peft_tensor_name("llama", l, m, 'B')).data;
+      const auto& A = s.peft.at(loom::lora::peft_tensor_name(c.model_type, l, m, 'A')).data;
+      const auto& B = s.peft.at(loom::lora::peft_tensor_name(c.model_type, l, m, 'B')).data;
       const bool permuted = (m == "q_proj" || m == "k_proj") && c.rope == loom::ops::rope_style::interleaved;
       for (index_t i = 0; i < rows; ++i) {
         const index_t h = i / hd, k = i % hd, hf = permuted ? h * hd + (k % 2) * (hd / 2) + k / 2 : i;
@@ -203,6 +207,38 @@ TEST_CASE("serving LoRA: two adapters and the base in one batch give each reques
     // the base's cached blocks were taken (by the base: the adapters' tokens above are right)
     CHECK(eng.allocator().num_hits() > hits_before);
   }
+}
+
+TEST_CASE("serving LoRA on ChatGLM's fused query_key_value and dense_h_to_4h: the merged model's tokens in a mixed batch") {
+  llama::config c = llama::config::chatglm();  // fused q/k/v with bias, packed gate/up, partial rotary, GQA
+  c.dim = 48, c.hidden_dim = 96, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.vocab = 259, c.seq_len = 192;
+  const flat_weights w = flat_weights::random(c, 5);
+  loom::lora::config lc;
+  lc.r = 3, lc.lora_alpha = 6, lc.target_modules = {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"};
+  const lora_spec spec = make_lora(c, lc, 21, 0.6f);
+  const fs::path dir = fs::temp_directory_path() / ("loom_serve_lora_glm_" + std::to_string(::getpid()));
+  loom::lora::save_peft(dir.string(), lc, spec.peft);
+  std::vector<served_adapter> ads;
+  ads.push_back(served_adapter::from_peft("glm", dir.string(), c));
+  fs::remove_all(dir);
+  const flat_weights wm = merged(w, spec);
+  const auto prompts = lora_prompts();
+  llama_engine<float> eng(w, lora_engine_config(), std::move(ads));
+  std::vector<loom::kv::request> reqs;
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    for (int ad = 0; ad < 2; ++ad) reqs.push_back(lora_request(10 * i + ad, prompts[i], ad));
+  auto got = eng.generate(std::move(reqs));
+  int differ = 0;
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    for (int ad = 0; ad < 2; ++ad) {
+      CAPTURE(i);
+      CAPTURE(ad);
+      llama_engine<float> alone(ad == 0 ? w : wm, lora_engine_config());
+      const auto want = alone.generate({lora_request(1, prompts[i], 0)})[1];
+      CHECK(got[10 * i + ad] == want);
+      if (ad == 1) differ += got[10 * i + 1] != got[10 * i];
+    }
+  CHECK(differ >= 2);
 }
 
 TEST_CASE("serving LoRA over HTTP: the field 'model' picks the base or an adapter") {
