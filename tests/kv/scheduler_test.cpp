@@ -271,3 +271,33 @@ TEST_CASE("scheduler: requests that can never run are rejected") {
   CHECK_FALSE(sch.has_work());
   CHECK(alloc.num_free() == 4);
 }
+
+TEST_CASE("scheduler: the prefix cache keeps LoRA adapters apart") {
+  // A sequence's keys and values depend on its adapter: equal prompts under different adapters
+  // must not share blocks, equal prompts under the same adapter must.
+  block_allocator alloc(32, 4);
+  scheduler sch(scheduler_config{}, alloc);
+  auto run_alone = [&](std::uint64_t id, std::int32_t adapter) {
+    request r;
+    r.id = id, r.adapter = adapter, r.max_new_tokens = 2;
+    for (int i = 0; i < 13; ++i) r.prompt.push_back(1 + i);  // three full blocks, one token left to compute
+    sch.add(r);
+    std::int64_t cached = -1;
+    while (sch.has_work()) {
+      const auto& plan = sch.schedule();
+      if (cached < 0) cached = sch.find(id)->num_cached_tokens;
+      std::vector<token_id> sampled;
+      for (const auto& c : plan.chunks)
+        if (c.samples) sampled.push_back(3);
+      sch.commit(sampled);
+    }
+    sch.take_finished();
+    return cached;
+  };
+  CHECK(run_alone(1, 0) == 0);
+  CHECK(run_alone(2, 1) == 0);   // adapter 1: the base's blocks are not its
+  CHECK(run_alone(3, 2) == 0);
+  CHECK(run_alone(4, 1) == 12);  // adapter 1 again: its own three blocks
+  CHECK(run_alone(5, 0) == 12);  // the base: its own, as without adapters
+  CHECK(prefix_root(request{}) == 0);
+}

@@ -22,8 +22,13 @@
 // CPUs without AVX2 only within rounding), so paged, batched and one-token runs agree bit for
 // bit.
 //
+// LoRA adapters (llama_lora.hpp): the model may serve several over its base; a request names
+// one (kv::request::adapter, 1-based; 0: the base), and the rows of each adapter present in a
+// step get its low-rank term after each projection it targets (the layers' projection hook),
+// while the base's GEMMs run once for all rows.
 
 #include "llama_loader.hpp"
+#include "llama_lora.hpp"
 
 #include <llama/model3d/llama3d.hpp>
 
@@ -34,8 +39,11 @@
 #include <loom/ops/host/common.hpp>
 #include <loom/ops/host/packed_weight.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace llama {
@@ -46,8 +54,9 @@ using engine_config = loom::kv::engine_config;
 class llama_paged {
  public:
   /// w must outlive the model (its norms and embedding are read from it on every step).
-  explicit llama_paged(const flat_weights& w)
-      : w_(&w), layers_(w.cfg, {}, llama3d::split_layers(w.cfg.n_layers, 1, 0), true, true) {
+  /// `adapters` are served as adapters 1, 2, ... (each must fit the base; names unique).
+  explicit llama_paged(const flat_weights& w, std::vector<served_adapter> adapters = {})
+      : w_(&w), layers_(w.cfg, {}, llama3d::split_layers(w.cfg.n_layers, 1, 0), true, true), adapters_(std::move(adapters)) {
     w.cfg.validate();
     LOOM_CHECK(w.params.size() == layers_.layout.size(), "llama_engine: the weights hold ", w.params.size(),
                " parameters, the layout of their config ", layers_.layout.size());
@@ -57,11 +66,15 @@ class llama_paged {
       packed_.push_back({b.attention.pack(p), b.feed_forward.pack(p)});
     }
     classifier_ = loom::ops::packed_weight(layers_.output.local().weight().in(unit(layers_.output_unit)));
+    check_adapters();
   }
 
   const llama::config& config() const noexcept { return w_->cfg; }
   std::int64_t vocab() const noexcept { return w_->cfg.vocab; }
   std::int64_t max_context() const noexcept { return w_->cfg.seq_len; }
+  /// The LoRA adapters served over the base: adapter i (1-based) of a request is adapters()[i - 1].
+  std::size_t num_adapters() const noexcept { return adapters_.size(); }
+  const std::vector<served_adapter>& adapters() const noexcept { return adapters_; }
   loom::kv::kv_cache_shape kv_shape(std::int32_t num_blocks, std::int32_t block_size) const {
     return {static_cast<std::int32_t>(w_->cfg.n_layers), num_blocks, block_size, static_cast<std::int32_t>(w_->cfg.n_kv_heads),
             static_cast<std::int32_t>(w_->cfg.head_dim())};
@@ -74,6 +87,9 @@ class llama_paged {
     h_ = loom::buffer<float>(T * D);
     rstd_ = loom::buffer<float>(T);
     last_ = loom::buffer<float>(S * D);
+    index_t rank = 0;
+    for (const auto& a : adapters_) rank = std::max(rank, a.rank());
+    if (!adapters_.empty()) lora_.reserve(tokens, std::max<index_t>(w_->cfg.dim, w_->cfg.hidden_dim), rank);
   }
 
   /// The plan's tokens through the layers; the logits of the sampled rows into `logits`.
@@ -90,6 +106,7 @@ class llama_paged {
     const auto cx = make_view(static_cast<const float*>(x_.data()), T, D);
     auto rstd = make_view(rstd_.data(), T);
     layers_.tok_embeddings.forward(self_, unit(layers_.embedding_unit), make_view(plan.token_ids.data(), T), x);
+    if (!adapters_.empty()) lora_.plan(plan);
     for (std::size_t l = 0; l < layers_.blocks.size(); ++l) {
       const auto& b = layers_.blocks[l];
       const auto p = unit(layers_.first_block_unit + l);
@@ -100,15 +117,19 @@ class llama_paged {
         loom::kv::append_paged_kv_cache(host{}, k, v, plan.batch_indices, plan.positions, layer, plan.csr);
         loom::kv::batch_prefill_with_paged_kv_cache(host{}, q, plan.qo_indptr, layer, plan.csr, out);
       };
+      // each adapter's rows of this step get its low-rank term after each projection
+      auto lora = [&](loom::nn::projection which, auto in, auto out) {
+        if (!lora_.empty()) lora_.apply(adapters_, l, which, in, out);
+      };
       // the training block's data flow; nothing is kept, so the residual stream is updated in place
       b.forward(p, {cx, xb, rstd, h, xb, rstd, x},
                 [&](auto xn, auto y) {
                   ws_.reset();
-                  b.attention.forward_cached(self_, packed_[l].attention, xn, positions, paged, y, ws_);
+                  b.attention.forward_cached(self_, packed_[l].attention, xn, positions, paged, y, ws_, lora);
                 },
                 [&](auto xn, auto y) {
                   ws_.reset();
-                  b.feed_forward.forward(self_, packed_[l].mlp, xn, y, ws_);
+                  b.feed_forward.forward(self_, packed_[l].mlp, xn, y, ws_, lora);
                 });
     }
     // Logits only for the rows that are sampled: the last row of each finishing chunk.
@@ -134,6 +155,35 @@ class llama_paged {
     loom::nn::swiglu_mlp<float>::packed mlp;
   };
   std::span<const float> unit(std::size_t u) const { return layers_.layout.unit(w_->params.span(), u); }
+  // Every adapter's factors against the base's packed weights: [r, in] and [out, r] of the
+  // projection they adapt (an adapter made for another base is refused naming it).
+  void check_adapters() const {
+    using loom::nn::projection;
+    for (std::size_t i = 0; i < adapters_.size(); ++i) {
+      const served_adapter& a = adapters_[i];
+      for (std::size_t j = 0; j < i; ++j)
+        LOOM_CHECK(adapters_[j].name() != a.name(), "llama_engine: two adapters are called '", a.name(), "'");
+      LOOM_CHECK(a.layers() == w_->cfg.n_layers, "llama_engine: adapter '", a.name(), "' has ", a.layers(),
+                 " layers, the base ", w_->cfg.n_layers);
+      for (std::size_t l = 0; l < packed_.size(); ++l) {
+        const auto& at = packed_[l].attention;
+        const auto& ff = packed_[l].mlp;
+        const std::array<const loom::ops::packed_weight*, loom::nn::num_projections> base{&at.wq, &at.wk, &at.wv, &at.wo,
+                                                                                           &ff.w1, &ff.w3, &ff.w2};
+        for (int p = 0; p < loom::nn::num_projections; ++p) {
+          const auto* lr = a.find(l, static_cast<projection>(p));
+          if (!lr) continue;
+          const auto& w = *base[static_cast<std::size_t>(p)];
+          LOOM_CHECK(lr->a.in_features() == w.in_features() && lr->b.out_features() == w.out_features() &&
+                         lr->a.out_features() == a.rank() && lr->b.in_features() == a.rank(),
+                     "llama_engine: adapter '", a.name(), "' has ", projection_name(static_cast<projection>(p)), " of layer ",
+                     l, " as A [", lr->a.out_features(), ", ", lr->a.in_features(), "], B [", lr->b.out_features(), ", ",
+                     lr->b.in_features(), "] with r=", a.rank(), "; the base's weight is [", w.out_features(), ", ",
+                     w.in_features(), "]");
+        }
+      }
+    }
+  }
 
   const flat_weights* w_;
   llama3d::stage_layers<float> layers_;  // the decoder's layers over w_->params (tp = 1, one stage)
@@ -145,14 +195,23 @@ class llama_paged {
   loom::buffer<float> x_, xb_, h_;  // [tokens, dim]: residual stream, a branch's input, the stream after attention
   loom::buffer<float> rstd_;        // [tokens]
   loom::buffer<float> last_;        // [seqs, dim]: the sampled rows
+  std::vector<served_adapter> adapters_;  // LoRA adapters 1, 2, ... over the base
+  lora_batch lora_;                       // this step's rows by adapter
 };
 
 template <loom::kv::kv_element KV = float>
 class llama_engine : public loom::kv::engine<llama_paged, KV> {
  public:
-  /// w must outlive the engine.
-  llama_engine(const flat_weights& w, engine_config cfg) : loom::kv::engine<llama_paged, KV>(cfg, w) {}
+  /// w must outlive the engine. `adapters`: LoRA adapters served over w, as adapters 1, 2, ...
+  llama_engine(const flat_weights& w, engine_config cfg, std::vector<served_adapter> adapters = {})
+      : loom::kv::engine<llama_paged, KV>(cfg, w, std::move(adapters)) {}
   const llama::config& model_config() const noexcept { return this->model().config(); }
+  /// The adapters' names, in adapter order (what a request's `model` field names).
+  std::vector<std::string> adapter_names() const {
+    std::vector<std::string> n;
+    for (const auto& a : this->model().adapters()) n.push_back(a.name());
+    return n;
+  }
 };
 
 }  // namespace llama

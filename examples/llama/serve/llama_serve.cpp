@@ -13,9 +13,12 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <pthread.h>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 const char* usage =
@@ -23,7 +26,7 @@ const char* usage =
     "                   [--template chatglm2|chatglm3|llama2|none] [--host H] [--port P]\n"
     "                   [--blocks N] [--block-size N] [--budget N] [--max-seqs N] [--model-name NAME]\n"
     "                   [--api-key KEY] [--max-body-bytes N] [--max-tokens N] [--max-concurrent N]\n"
-    "                   [--request-timeout S] [--read-timeout S] [--http-threads N]\n"
+    "                   [--request-timeout S] [--read-timeout S] [--http-threads N] [--lora [NAME=]DIR ...]\n"
     "  POST /                       ChatGLM api.py: {prompt, history, max_length, top_p, temperature}\n"
     "  POST /v1/completions         OpenAI completions (\"stream\": true for server-sent events)\n"
     "  POST /v1/chat/completions    OpenAI chat completions (\"stream\": true for server-sent events)\n"
@@ -39,7 +42,24 @@ const char* usage =
     "  --max-concurrent N     requests admitted at once; more get 503 (64)\n"
     "  --request-timeout S    a request still generating after S seconds is cancelled (600)\n"
     "  --read-timeout S       a request's line, headers and body must arrive within S seconds (10)\n"
-    "  --http-threads N       connections served at once, > --max-concurrent (128 or 2 x --max-concurrent)\n";
+    "  --http-threads N       connections served at once, > --max-concurrent (128 or 2 x --max-concurrent)\n"
+    "  --lora [NAME=]DIR      serve the PEFT LoRA adapter in DIR (adapter_config.json, adapter_model.safetensors)\n"
+    "                         over the base, as model NAME (default: DIR's folder name); repeatable. A request\n"
+    "                         picks it with \"model\": NAME (the base: --model-name or no field); adapters of\n"
+    "                         different requests share one batch\n";
+
+// --lora's value: "NAME=DIR", or "DIR" named by its folder.
+std::pair<std::string, std::string> lora_flag(const std::string& v) {
+  const std::size_t eq = v.find('=');
+  if (eq != std::string::npos) {
+    LOOM_CHECK(eq > 0 && eq + 1 < v.size(), "flag --lora: '", v, "' is not NAME=DIR or DIR");
+    return {v.substr(0, eq), v.substr(eq + 1)};
+  }
+  LOOM_CHECK(!v.empty(), "flag --lora needs a PEFT folder, got ''");
+  std::filesystem::path p(v);
+  if (p.filename().empty()) p = p.parent_path();  // "dir/"
+  return {p.filename().string(), v};
+}
 
 // The value of an integer flag, which must lie in [lo, hi]; a loom::error naming the flag otherwise.
 template <class T>
@@ -61,6 +81,7 @@ int main(int argc, char** argv) {
   opt.model_name = "loom-llama";
   bool threads_given = false;
   std::string template_flag;
+  std::vector<std::pair<std::string, std::string>> loras;  // (name, folder)
   using examples::cli::number;
   auto on = [&](const std::string& a, const auto& next) {
     if (model.parse(a, next, ec)) return true;
@@ -69,6 +90,7 @@ int main(int argc, char** argv) {
     else if (a == "--max-seqs") ec.scheduler.max_num_seqs = number<int>(a, next());
     else if (a == "--model-name") opt.model_name = next();
     else if (a == "--template") template_flag = next();
+    else if (a == "--lora") loras.push_back(lora_flag(next()));
     else if (a == "--api-key") opt.api_key = next();
     else if (a == "--max-body-bytes") opt.max_body_bytes = in_range<std::size_t>(a, next(), 1, 1ll << 40);
     else if (a == "--max-tokens") opt.max_tokens_limit = in_range<std::int32_t>(a, next(), 1, INT32_MAX);
@@ -85,6 +107,12 @@ int main(int argc, char** argv) {
     if (!threads_given) opt.http.threads = std::max(opt.http.threads, 2 * opt.max_in_flight);
     LOOM_CHECK(opt.http.threads > opt.max_in_flight, "flag --http-threads (", opt.http.threads,
                ") must exceed --max-concurrent (", opt.max_in_flight, "): threads must be left to read and refuse requests");
+    for (std::size_t i = 0; i < loras.size(); ++i) {
+      LOOM_CHECK(loras[i].first != opt.model_name, "flag --lora: adapter name '", loras[i].first,
+                 "' is the base model's name (--model-name)");
+      for (std::size_t k = 0; k < i; ++k)
+        LOOM_CHECK(loras[k].first != loras[i].first, "flag --lora: two adapters are called '", loras[i].first, "'");
+    }
   };
   if (const auto rc = examples::cli::command_line(argc, argv, "llama-serve", usage, on, check)) return *rc;
   try {
@@ -102,7 +130,16 @@ int main(int argc, char** argv) {
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
-    llama::llama_server server(w, ec, codec, opt);
+    std::vector<llama::served_adapter> adapters;
+    for (const auto& [name, dir] : loras) {
+      adapters.push_back(llama::served_adapter::from_peft(name, dir, w.cfg));
+      const auto& lc = adapters.back().config();
+      std::string targets;
+      for (const auto& m : lc.target_modules) targets += (targets.empty() ? "" : ",") + m;
+      std::printf("llama-serve: LoRA adapter '%s' from %s (r=%d, lora_alpha=%g%s, %s)\n", name.c_str(), dir.c_str(),
+                  static_cast<int>(lc.r), lc.lora_alpha, lc.use_rslora ? ", rsLoRA" : "", targets.c_str());
+    }
+    llama::llama_server server(w, ec, codec, opt, std::move(adapters));
     const int p = server.start(host, port);
     std::printf("llama-serve: listening on http://%s:%d (model dim=%d layers=%d vocab=%d, KV pool %d blocks of %d)\n",
                 host.c_str(), p, static_cast<int>(w.cfg.dim), static_cast<int>(w.cfg.n_layers), static_cast<int>(w.cfg.vocab),

@@ -11,9 +11,11 @@ namespace llama {
 
 class llama_server : public loom::serve::http_server<llama_engine<float>> {
  public:
-  /// `w` must outlive the server (the engine reads it on every step).
-  llama_server(const flat_weights& w, engine_config ec, loom::serve::text_codec codec, loom::serve::server_options opt = {})
-      : http_server(std::move(codec), std::move(opt), w, ec) {}
+  /// `w` must outlive the server (the engine reads it on every step). `adapters`: LoRA
+  /// adapters over w that a request chooses by its field "model" (the adapter's name).
+  llama_server(const flat_weights& w, engine_config ec, loom::serve::text_codec codec, loom::serve::server_options opt = {},
+               std::vector<served_adapter> adapters = {})
+      : http_server(std::move(codec), std::move(opt), w, ec, std::move(adapters)) {}
 };
 
 }  // namespace llama

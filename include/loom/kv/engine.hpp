@@ -85,8 +85,13 @@ class engine {
     return {raw_logits_.data() + i * V, V};
   }
 
-  /// Queues a request (token ids are checked against the vocabulary).
+  /// Queues a request (token ids are checked against the vocabulary, its adapter against the
+  /// model's: num_adapters() of a model that serves LoRA adapters, none otherwise).
   void add(request r) {
+    std::int32_t adapters = 0;
+    if constexpr (requires { model_.num_adapters(); }) adapters = static_cast<std::int32_t>(model_.num_adapters());
+    LOOM_CHECK(r.adapter >= 0 && r.adapter <= adapters, "kv::engine::add: request ", r.id, " has adapter=", r.adapter,
+               ", the model serves adapters 1..", adapters, " (0: the base)");
     for (auto t : r.prompt)
       LOOM_CHECK(t >= 0 && t < model_.vocab(), "kv::engine::add: request ", r.id, " has token id ", t,
                  " outside the vocabulary of ", model_.vocab());

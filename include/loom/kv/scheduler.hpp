@@ -60,7 +60,18 @@ struct request {
   std::int32_t max_new_tokens = 16;
   sampling_params sampling;
   std::vector<token_id> stop_tokens;  ///< generation ends after any of these (it is kept in the output)
+  /// The LoRA adapter the sequence runs with (0: the base model). Its keys and values differ
+  /// from the base's for the same tokens, so the prefix cache keeps adapters apart.
+  std::int32_t adapter = 0;
 };
+
+/// The parent hash of a sequence's first prefix-cache block: 0 for the base model, else one
+/// that depends on the adapter, so that equal tokens under different adapters never share
+/// blocks (the allocator compares the stored parent on lookup, so this holds even when hashes
+/// collide).
+inline std::uint64_t prefix_root(const request& r) noexcept {
+  return r.adapter == 0 ? 0 : block_hash(0x4C6F5241ull, std::span<const token_id>(&r.adapter, 1));
+}
 
 enum class finish_reason { none, length, stop, aborted };
 
@@ -315,6 +326,7 @@ class scheduler {
   void use_prefix_cache(sequence& s) {
     s.num_cached_tokens = 0;
     if (!cfg_.enable_prefix_caching) return;
+    s.last_hash = prefix_root(s.req);
     const std::int32_t bs = alloc_->block_size();
     const std::int64_t max_blocks = (static_cast<std::int64_t>(s.tokens.size()) - 1) / bs;
     while (s.registered < max_blocks) {
@@ -333,6 +345,7 @@ class scheduler {
     if (!cfg_.enable_prefix_caching) return;
     const std::int32_t bs = alloc_->block_size();
     const auto full = static_cast<std::int32_t>(s.num_computed / bs);
+    if (s.registered == 0) s.last_hash = prefix_root(s.req);
     for (; s.registered < full; ++s.registered) {
       std::span<const token_id> blk(s.tokens.data() + static_cast<std::size_t>(s.registered) * bs, static_cast<std::size_t>(bs));
       s.last_hash = alloc_->register_full(s.table.blocks()[static_cast<std::size_t>(s.registered)], s.last_hash, blk);

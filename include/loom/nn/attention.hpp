@@ -39,6 +39,7 @@
 #include <loom/comm/self_comm.hpp>
 #include <loom/core/buffer.hpp>
 #include <loom/nn/linear.hpp>
+#include <loom/nn/projection_hook.hpp>
 #include <loom/nn/rotary.hpp>
 #include <loom/nn/tp/shard.hpp>
 #include <loom/nn/workspace.hpp>
@@ -278,26 +279,30 @@ class attention {
   /// rotated q [n, heads, head_dim] and k, v [n, kv_heads, head_dim] of this rank's heads,
   /// stores k and v with their sequences (a paged KV cache) and writes each query's
   /// attention over its sequence into out [n, heads, head_dim]. Scratch comes from ws; y may
-  /// be x's buffer (x is read only before y is written).
-  template <comm::communicator C, class Attend>
+  /// be x's buffer (x is read only before y is written). `hook(projection, in, out)` runs
+  /// after each projection (projection_hook.hpp): q, k, v before rotary, o before the sum.
+  template <comm::communicator C, class Attend, class Hook = no_projection_hook>
     requires std::same_as<T, float>
   void forward_cached(C& tp, const packed& w, in_view<T, 2> x, std::span<const std::int64_t> positions, Attend&& attend,
-                      tensor_view<T, host, 2> y, workspace<T>& ws) const {
+                      tensor_view<T, host, 2> y, workspace<T>& ws, Hook&& hook = {}) const {
     const index_t n = x.extent(0), hd = cfg_.head_dim(), h = split_.heads, kv = split_.kv_heads;
     LOOM_CHECK(tp.size() == split_.tp_size, "nn::attention: built for tensor-parallel size ", split_.tp_size,
                ", called on a group of ", tp.size());
     LOOM_CHECK(x.extent(1) == cfg_.dim, "nn::attention: input has ", x.extent(1), " features, expected dim=", cfg_.dim);
     auto q = ws.take(n * h * hd), k = ws.take(n * kv * hd), v = ws.take(n * kv * hd), out = ws.take(n * h * hd);
-    for (auto [pw, bias, out, m] : {std::tuple{&w.wq, w.bq, q, h * hd}, std::tuple{&w.wk, w.bk, k, kv * hd},
-                                    std::tuple{&w.wv, w.bv, v, kv * hd}}) {
+    for (auto [pw, bias, out, m, which] :
+         {std::tuple{&w.wq, w.bq, q, h * hd, projection::q}, std::tuple{&w.wk, w.bk, k, kv * hd, projection::k},
+          std::tuple{&w.wv, w.bv, v, kv * hd, projection::v}}) {
       ops::gemm(host{}, x, *pw, make_view(out.data(), n, m));
       if (!bias.empty()) linear<T>::add_bias(make_view(out.data(), n, m), make_view(bias.data(), m));
+      hook(which, x, make_view(out.data(), n, m));
     }
     rope_.forward(make_view(q.data(), n, h, hd), positions);
     rope_.forward(make_view(k.data(), n, kv, hd), positions);
     attend(make_view(as_const(q).data(), n, h, hd), make_view(as_const(k).data(), n, kv, hd),
            make_view(as_const(v).data(), n, kv, hd), make_view(out.data(), n, h, hd));
     ops::gemm(host{}, make_view(as_const(out).data(), n, h * hd), w.wo, y);
+    hook(projection::o, make_view(as_const(out).data(), n, h * hd), y);
     tp::reduce_from_tensor_parallel_forward(tp, std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
   }
 

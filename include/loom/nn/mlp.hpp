@@ -15,6 +15,7 @@
 #include <loom/comm/self_comm.hpp>
 #include <loom/core/buffer.hpp>
 #include <loom/nn/linear.hpp>
+#include <loom/nn/projection_hook.hpp>
 #include <loom/nn/tp/shard.hpp>
 #include <loom/nn/workspace.hpp>
 #include <loom/ops/host/activation.hpp>
@@ -124,19 +125,24 @@ class swiglu_mlp {
     return {p(w1_), p(w2_), p(w3_)};
   }
   /// y [rows, dim] = mlp(x [rows, dim]) summed over tp, keeping no activations (scratch from
-  /// ws); y may be x's buffer (x is read only before y is written).
-  template <comm::communicator C>
+  /// ws); y may be x's buffer (x is read only before y is written). `hook(projection, in,
+  /// out)` runs after each projection (projection_hook.hpp): gate and up before the
+  /// activation, down before the sum.
+  template <comm::communicator C, class Hook = no_projection_hook>
     requires std::same_as<T, float>
-  void forward(C& tp, const packed& w, in_view<T, 2> x, tensor_view<T, host, 2> y, workspace<T>& ws) const {
+  void forward(C& tp, const packed& w, in_view<T, 2> x, tensor_view<T, host, 2> y, workspace<T>& ws, Hook&& hook = {}) const {
     LOOM_CHECK(tp.size() == tp_size_, "nn::swiglu_mlp: built for tensor-parallel size ", tp_size_, ", called on a group of ",
                tp.size());
     const index_t n = x.extent(0), f = hidden_dim();
     auto gate = ws.take(n * f), up = ws.take(n * f);
     ops::gemm(host{}, x, w.w1, make_view(gate.data(), n, f));
+    hook(projection::gate, x, make_view(gate.data(), n, f));
     ops::gemm(host{}, x, w.w3, make_view(up.data(), n, f));
+    hook(projection::up, x, make_view(up.data(), n, f));
     ops::swiglu_forward(host{}, make_view(as_const(gate).data(), n * f), make_view(as_const(up).data(), n * f),
                         make_view(gate.data(), n * f));  // element by element: in place is safe
     ops::gemm(host{}, make_view(as_const(gate).data(), n, f), w.w2, y);
+    hook(projection::down, make_view(as_const(gate).data(), n, f), y);
     tp::reduce_from_tensor_parallel_forward(tp, std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
   }
 

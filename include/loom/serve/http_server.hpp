@@ -16,6 +16,12 @@
 // metadata line dropped, ChatGLM2/3's answer stripped).
 //  - OpenAI-compatible POST /v1/completions and /v1/chat/completions, with "stream": true as
 //    server-sent events ending in "data: [DONE]"; GET /v1/models; GET /health.
+// LoRA adapters: an engine that serves adapters over its base (adapter_names(), adapter i + 1
+// of kv::request) has them chosen per request by the field "model" (any protocol): the base's
+// name (server_options::model_name) or no field is the base, an adapter's name that adapter,
+// anything else a 404 naming it. A server without adapters has no choice to make and answers
+// whatever "model" says, as it always did (clients often send a fixed name). /v1/models lists
+// the base and the adapters (vLLM's "parent").
 // Threads: HTTP handlers run on the connection pool of http_guard.hpp; they only validate,
 // tokenize and enqueue. One engine thread owns the engine: it admits queued requests, runs
 // steps while there is work, and hands each produced token to its request's channel, which
@@ -39,6 +45,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -129,6 +136,14 @@ class http_server {
     // Handlers that wait on the engine need threads left over for reading and refusing others.
     LOOM_CHECK(opt_.http.threads > opt_.max_in_flight, "http_server: http threads (", opt_.http.threads,
                ") must exceed max_in_flight (", opt_.max_in_flight, ")");
+    if constexpr (requires(const Engine& e) { e.adapter_names(); }) adapters_ = engine_.adapter_names();
+    for (std::size_t i = 0; i < adapters_.size(); ++i) {
+      LOOM_CHECK(!adapters_[i].empty() && adapters_[i] != opt_.model_name, "http_server: adapter ", i + 1, " is called '",
+                 adapters_[i], "', which is empty or the base model's name");
+      LOOM_CHECK(std::find(adapters_.begin(), adapters_.begin() + static_cast<std::ptrdiff_t>(i), adapters_[i]) ==
+                     adapters_.begin() + static_cast<std::ptrdiff_t>(i),
+                 "http_server: two adapters are called '", adapters_[i], "'");
+    }
     routes();
   }
   ~http_server() { stop(); }
@@ -289,7 +304,21 @@ class http_server {
     return {ec.scheduler.max_model_len, ec.block_size, ec.num_blocks, opt_.max_tokens_limit, opt_.default_max_tokens};
   }
 
+  // The adapter a request's field "model" names (0: the base); a 404 naming an unknown one
+  // when there are adapters to choose from.
+  std::int32_t adapter_of(const std::string& model) const {
+    if (model.empty() || model == opt_.model_name || adapters_.empty()) return 0;
+    for (std::size_t i = 0; i < adapters_.size(); ++i)
+      if (adapters_[i] == model) return static_cast<std::int32_t>(i + 1);
+    std::string known = loom::data::quote_input(opt_.model_name);
+    for (const auto& a : adapters_) known += ", " + loom::data::quote_input(a);
+    throw http_error(404, "model " + loom::data::quote_input(model) + " does not exist; this server serves " + known);
+  }
+  // The name responses give: the one asked for, or the base's.
+  std::string served_name(const gen_params& p) const { return adapter_of(p.model) == 0 ? opt_.model_name : p.model; }
+
   std::shared_ptr<channel> submit(gen_params p, std::uint64_t& id_out) {
+    const std::int32_t adapter = adapter_of(p.model);
     auto ch = std::make_shared<channel>();
     ch->prompt_tokens = static_cast<std::int64_t>(p.prompt.size());
     ch->last_prompt_token = p.prompt.back();
@@ -299,6 +328,7 @@ class http_server {
     j.req.max_new_tokens = p.max_new;
     j.req.sampling = p.sampling;
     j.req.stop_tokens = codec_.stop_tokens(p.ignore_eos);
+    j.req.adapter = adapter;
     j.ch = ch;
     {
       std::lock_guard lk(mu_);
@@ -506,8 +536,10 @@ class http_server {
     });
     http_.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok", "text/plain"); });
     http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(dump({{"object", "list"}, {"data", {{{"id", opt_.model_name}, {"object", "model"}, {"owned_by", "loom"}}}}}),
-                      "application/json");
+      nlohmann::json data = nlohmann::json::array({{{"id", opt_.model_name}, {"object", "model"}, {"owned_by", "loom"}}});
+      for (const auto& a : adapters_)
+        data.push_back({{"id", a}, {"object", "model"}, {"owned_by", "loom"}, {"parent", opt_.model_name}});
+      res.set_content(dump({{"object", "list"}, {"data", data}}), "application/json");
     });
     http_.Post("/", guarded(&http_server::chatglm));
     http_.Post("/v1/completions", guarded(&http_server::completions));
@@ -542,6 +574,7 @@ class http_server {
     openai_request in = parse_openai_request(j, chat, codec_, limits());
     const bool stream = in.stream;
     gen_params& p = in.params;
+    const std::string model = served_name(p);
     const std::int64_t created = static_cast<std::int64_t>(std::time(nullptr));
     std::uint64_t id;
     auto ch = submit(std::move(p), id);
@@ -560,7 +593,7 @@ class http_server {
       res.set_content(dump({{"id", rid},
                             {"object", chat ? "chat.completion" : "text_completion"},
                             {"created", created},
-                            {"model", opt_.model_name},
+                            {"model", model},
                             {"choices", {choice}},
                             {"usage", {{"prompt_tokens", ch->prompt_tokens}, {"completion_tokens", n},
                                        {"total_tokens", ch->prompt_tokens + n}}}}),
@@ -586,7 +619,7 @@ class http_server {
       }
       return "data: " +
              dump({{"id", rid}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                   {"model", opt_.model_name}, {"choices", {choice}}}) +
+                   {"model", model}, {"choices", {choice}}}) +
              "\n\n";
     };
     res.set_header("Cache-Control", "no-cache");
@@ -641,6 +674,7 @@ class http_server {
   Engine engine_;
   text_codec codec_;
   server_options opt_;
+  std::vector<std::string> adapters_;  // the engine's LoRA adapters by name: adapter i + 1
   http::server http_;
   std::thread engine_thread_, http_thread_;
   std::mutex mu_;

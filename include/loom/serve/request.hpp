@@ -197,6 +197,7 @@ struct gen_params {
   std::int32_t max_new = 16;
   loom::kv::sampling_params sampling;
   bool ignore_eos = false;  // vLLM's extension: generate max_new tokens even past EOS
+  std::string model;        // OpenAI's field 'model': the base's or a LoRA adapter's name (empty: the base)
 };
 
 namespace request {
@@ -296,6 +297,10 @@ inline gen_params make_params(const nlohmann::json& j, std::vector<loom::kv::tok
     p.sampling.seed = static_cast<std::uint64_t>(integer(j, "seed", 0, 0, INT64_MAX));
   p.sampling.validate();
   p.ignore_eos = boolean(j, "ignore_eos", false);
+  if (const auto* m = optional(j, "model")) {
+    if (!m->is_string()) throw bad_request("field 'model' must be a string, got " + loom::data::quote_json(*m));
+    p.model = m->get<std::string>();
+  }
   const std::int64_t blocks_needed =
       loom::kv::block_table::blocks_for(static_cast<std::int64_t>(p.prompt.size()) + p.max_new, lim.block_size);
   if (blocks_needed > lim.num_blocks)

@@ -17,3 +17,10 @@ add_test(NAME llama_serve_cli_template_lacks_specials COMMAND llama-serve --rand
 set_tests_properties(llama_serve_cli_template_lacks_specials PROPERTIES
                      PASS_REGULAR_EXPRESSION "chat template chatglm3 needs the special token \\[gMASK\\], which tokenizer 'bytes' lacks"
                      TIMEOUT 30)
+# --lora: a value that is not NAME=DIR, and a folder that is not there, are named before anything listens
+add_test(NAME llama_serve_cli_lora_bad_value COMMAND llama-serve --random --lora =dir --port 1)
+set_tests_properties(llama_serve_cli_lora_bad_value PROPERTIES
+                     PASS_REGULAR_EXPRESSION "flag --lora: '=dir' is not NAME=DIR or DIR" TIMEOUT 30)
+add_test(NAME llama_serve_cli_lora_missing COMMAND llama-serve --random --lora sql=/nonexistent/sql-lora --port 1)
+set_tests_properties(llama_serve_cli_lora_missing PROPERTIES
+                     PASS_REGULAR_EXPRESSION "cannot open file '/nonexistent/sql-lora/adapter_config.json'" TIMEOUT 30)
