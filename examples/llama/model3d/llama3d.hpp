@@ -159,8 +159,14 @@ struct stage_layers {
   std::size_t embedding_unit = none, head_unit = none, output_unit = none;  // output_unit: the head, or the embedding when tied on this rank
   std::size_t first_block_unit = 0;
   std::size_t tied_copy_offset = none;  ///< tied, pp > 1: where this rank's copy of its embedding shard starts
+  /// frozen_projections: the blocks' attention and MLP projections declared here instead of
+  /// in `layout` (a frozen base held elsewhere, e.g. quantised: their slots are never read
+  /// from the flat buffer, so it does not hold them); shards' offsets are this layout's.
+  loom::nn::param_layout frozen_layout;
+  tp::shard_list frozen_shards;
 
-  stage_layers(const llama::config& c, tp::tp_rank t, stage_range range, bool first, bool last, std::size_t pad_to = 1) {
+  stage_layers(const llama::config& c, tp::tp_rank t, stage_range range, bool first, bool last, std::size_t pad_to = 1,
+               bool frozen_projections = false) {
     auto& L = layout;
     auto* sh = &shards;
     const T eps = T(c.norm_eps);
@@ -191,10 +197,12 @@ struct stage_layers {
         block<T> b;
         b.attention_norm = loom::nn::rmsnorm<T>(L, pre + "attention_norm", c.dim, eps);
         replicated(pre + "attention_norm.weight", b.attention_norm.weight());
-        b.attention = loom::nn::attention<T>(L, pre + "attention", ac, t, sh);
+        auto& PL = frozen_projections ? frozen_layout : L;
+        auto* psh = frozen_projections ? &frozen_shards : sh;
+        b.attention = loom::nn::attention<T>(PL, pre + "attention", ac, t, psh);
         b.ffn_norm = loom::nn::rmsnorm<T>(L, pre + "ffn_norm", c.dim, eps);
         replicated(pre + "ffn_norm.weight", b.ffn_norm.weight());
-        b.feed_forward = loom::nn::swiglu_mlp<T>(L, pre + "feed_forward", c.dim, c.hidden_dim, t, sh, c.fused_gate_up);
+        b.feed_forward = loom::nn::swiglu_mlp<T>(PL, pre + "feed_forward", c.dim, c.hidden_dim, t, psh, c.fused_gate_up);
         blocks.push_back(std::move(b));
       });
       if (l == range.first) first_block_unit = u;
@@ -287,15 +295,19 @@ class stage_model {
 
   /// pad_to: the flat buffers are sized to a multiple of it (the data-parallel size, so ZeRO
   /// cuts them into equal slices).
+  /// frozen_projections: the blocks' projections are not in the flat buffers (stage_layers);
+  /// a frozen op must back each of them (for_each_frozen_linear) before the first pass.
   stage_model(const llama::config& c, C& tp_comm, int stage, int stages,
-              loom::memory_resource& mr = loom::default_resource<loom::host>(), std::size_t pad_to = 1)
+              loom::memory_resource& mr = loom::default_resource<loom::host>(), std::size_t pad_to = 1,
+              bool frozen_projections = false)
       : cfg_((check_tensor_split(c, tp_comm.size()), c)), tp_(&tp_comm), stage_(stage), stages_(stages),
         range_(split_layers(c.n_layers, stages, stage)), mr_(&mr),
-        layers_(c, tp::tp_rank::of(tp_comm), range_, stage == 0, stage == stages - 1, pad_to),
+        layers_(c, tp::tp_rank::of(tp_comm), range_, stage == 0, stage == stages - 1, pad_to, frozen_projections),
         size_((layers_.layout.size() + pad_to - 1) / pad_to * pad_to), params_(size_, mr), grads_(size_, mr), ws_(0, mr),
         dresid_(0, mr) {
-    const auto full = stages == 1 && tp_comm.size() == 1 ? layers_.layout : full_layout(c);
+    const auto full = stages == 1 && tp_comm.size() == 1 && !frozen_projections ? layers_.layout : full_layout(c);
     for (const auto& s : layers_.shards) full_offset_[s.name] = full.find(s.name).offset;
+    for (const auto& s : layers_.frozen_shards) full_offset_[s.name] = full.find(s.name).offset;
     std::fill(params_.begin(), params_.end(), P(0.f));
     zero_grad();
   }
@@ -314,6 +326,20 @@ class stage_model {
   /// Elements of the flat parameter / gradient buffers (layout size padded to pad_to).
   std::size_t size() const noexcept { return size_; }
   const tp::shard_list& shards() const noexcept { return layers_.shards; }
+  /// frozen_projections: the projections' layout and shards (offsets in frozen_layout());
+  /// empty otherwise.
+  const loom::nn::param_layout& frozen_layout() const noexcept { return layers_.frozen_layout; }
+  const tp::shard_list& frozen_shards() const noexcept { return layers_.frozen_shards; }
+  /// f(slot offset in frozen_layout(), layer) for every projection of this stage's blocks:
+  /// where a frozen op is put behind each (nn::linear::set_frozen).
+  template <class F>
+  void for_each_frozen_linear(F&& f) {
+    for (auto& b : layers_.blocks) {
+      auto g = [&](const char*, loom::nn::linear<T>& l) { f(l.weight().offset, l); };
+      b.attention.for_each_linear(g);
+      b.feed_forward.for_each_linear(g);
+    }
+  }
   void zero_grad() { loom::ops::fill(loom::host{}, loom::make_view(gview_.data(), static_cast<index_t>(gview_.size())), T(0)); }
   /// Parameters and gradients live elsewhere from now on (a ZeRO engine's buffers, in this
   /// model's layout, size() elements each); the model's own buffers are given back. params
@@ -364,19 +390,23 @@ class stage_model {
   /// weights 1, biases 0; element i of the full flat buffer depends on (seed, i) only, so every mesh
   /// initialises the same model.
   void init(std::uint64_t seed, float std = 0.02f) {
-    const loom::counter_rng rng(seed);
     auto p = params();
     std::fill(p.begin(), p.end(), P(0.f));
+    for (const auto& s : layers_.shards) init_shard(s, p.subspan(s.local_offset, static_cast<std::size_t>(s.rows * s.cols)), seed, std);
+  }
+  /// The values init(seed, std) gives the frozen shard s ([s.rows, s.cols], row-major), for a
+  /// holder of the projections outside the flat buffer to take them from.
+  template <class F>
+  void init_shard(const tp::shard_desc& s, std::span<F> dst, std::uint64_t seed, float std = 0.02f) const {
+    const loom::counter_rng rng(seed);
     const float resid_std = std / std::sqrt(2.f * float(cfg_.n_layers));
-    for (const auto& s : layers_.shards) {
-      const bool norm = ends_with(s.name, "norm.weight"), bias = ends_with(s.name, ".bias");
-      const bool resid = ends_with(s.name, "attention.wo.weight") || ends_with(s.name, "feed_forward.w2.weight");
-      const std::size_t fo = full_offset(s.name);
-      for (index_t r = 0; r < s.rows; ++r) {
-        auto dst = p.subspan(s.local_offset + static_cast<std::size_t>(r * s.cols), static_cast<std::size_t>(s.cols));
-        if (norm || bias) std::fill(dst.begin(), dst.end(), P(norm ? 1.f : 0.f));
-        else rng.fill_normal(dst, fo + static_cast<std::size_t>((s.row0 + r) * s.full_cols + s.col0), 0.f, resid ? resid_std : std);
-      }
+    const bool norm = ends_with(s.name, "norm.weight"), bias = ends_with(s.name, ".bias");
+    const bool resid = ends_with(s.name, "attention.wo.weight") || ends_with(s.name, "feed_forward.w2.weight");
+    const std::size_t fo = full_offset(s.name);
+    for (index_t r = 0; r < s.rows; ++r) {
+      auto row = dst.subspan(static_cast<std::size_t>(r * s.cols), static_cast<std::size_t>(s.cols));
+      if (norm || bias) std::fill(row.begin(), row.end(), F(norm ? 1.f : 0.f));
+      else rng.fill_normal(row, fo + static_cast<std::size_t>((s.row0 + r) * s.full_cols + s.col0), 0.f, resid ? resid_std : std);
     }
   }
 

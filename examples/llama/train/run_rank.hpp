@@ -52,6 +52,7 @@ inline llama3d::train_options trainer_options(const options& o, const loom::io::
   t.checkpointing = o.checkpointing || c.activation_checkpointing.enabled;
   t.loss_scaler = loom::zero::loss_scaler_from(c);
   t.lora = o.lora;
+  t.lora_base = llama3d::parse_lora_base(o.lora_base);
   t.groups = c.groups;
   t.total_steps = o.steps;
   t.group_name = [model = o.model](const std::string& n) { return group_name(model, n); };
@@ -149,7 +150,7 @@ void print_ranks(C& comm, llama3d::trainer<P, float, C>& t, const options& o, co
   const auto b = t.bytes();
   std::vector<double> mine = {double(coord.dp), double(coord.tp), double(coord.pp), double(t.model().first_stage()),
                               double(t.model(t.chunks() - 1).last_stage()), double(b.parameters), double(b.gradients),
-                              double(b.optimizer), double(mem.current_bytes())};
+                              double(b.optimizer), double(mem.current_bytes()), double(t.frozen_base_bytes())};
   for (int k = 0; k < t.chunks(); ++k) mine.push_back(double(t.model(k).layers().first)), mine.push_back(double(t.model(k).layers().last));
   std::vector<double> all(mine.size() * std::size_t(world));
   comm.all_gather(std::span<const double>(mine), std::span<double>(all));
@@ -158,14 +159,19 @@ void print_ranks(C& comm, llama3d::trainer<P, float, C>& t, const options& o, co
     const double* v = all.data() + std::size_t(r) * mine.size();
     std::string layers;
     for (int k = 0; k < t.chunks(); ++k)
-      layers += (k ? " [" : "[") + std::to_string(std::int64_t(v[9 + 2 * k])) + ", " + std::to_string(std::int64_t(v[10 + 2 * k])) + ")";
+      layers += (k ? " [" : "[") + std::to_string(std::int64_t(v[10 + 2 * k])) + ", " + std::to_string(std::int64_t(v[11 + 2 * k])) + ")";
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   "  rank %d (dp=%d, tp=%d, pp=%d): layers %s%s%s, model states %.1f KiB (params %.1f, grads %.1f, optimizer %.1f), "
                   "memory in use %.1f KiB",
                   r, int(v[0]), int(v[1]), int(v[2]), layers.c_str(), v[3] != 0 ? " +embedding" : "", v[4] != 0 ? " +norm+output" : "",
-                  (v[5] + v[6] + v[7]) / 1024.0, v[5] / 1024.0, v[6] / 1024.0, v[7] / 1024.0, v[8] / 1024.0);
-    *log << buf << "\n";
+                  (v[5] + v[6] + v[7]) / 1024.0, v[5] / 1024.0, v[6] / 1024.0, v[7] / 1024.0, (v[8] + v[9]) / 1024.0);
+    *log << buf;
+    if (v[9] != 0) {
+      std::snprintf(buf, sizeof buf, " (of which the %s frozen base's projections %.1f KiB)", to_string(to.lora_base), v[9] / 1024.0);
+      *log << buf;
+    }
+    *log << "\n";
   }
   log->flush();
 }
@@ -235,8 +241,8 @@ train_result run_rank(C& comm, const options& o, const loom::io::ds_config& c, s
     r.seconds = max_over_ranks(comm, st.seconds);
     r.tokens_per_s = tokens / r.seconds;
     r.flops_per_s = tokens * o.model.flops_per_token(to.seq) / r.seconds;
-    r.mem_bytes = std::size_t(max_over_ranks(comm, double(mem.current_bytes() + params.current_bytes())));
-    r.peak_bytes = std::size_t(max_over_ranks(comm, double(mem.peak_bytes() + params.peak_bytes())));
+    r.mem_bytes = std::size_t(max_over_ranks(comm, double(mem.current_bytes() + params.current_bytes() + t.frozen_base_bytes())));
+    r.peak_bytes = std::size_t(max_over_ranks(comm, double(mem.peak_bytes() + params.peak_bytes() + t.frozen_base_bytes())));
     if (log && (s % o.print_every == 0 || s == o.steps)) *log << progress_line(r, o.steps, c.precision() == loom::dtype::f16) << std::endl;
     if (eval && (s % o.eval_every == 0 || s == o.steps)) {
       double loss = 0;

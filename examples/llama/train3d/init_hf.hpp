@@ -121,7 +121,8 @@ class hf_source {
 
 namespace detail {
 /// A LoRA run's frozen base lives in the models' own buffers (no engine, no master): every
-/// shard of every chunk, replicas included, read row by row from src.
+/// shard of every chunk, replicas included, read row by row from src; a quantised base's
+/// projections are read whole per shard and quantised by their frozen ops.
 template <class P, class T, class C, class Source>
 void read_frozen_base(trainer<P, T, C>& t, const Source& src) {
   std::vector<float> row;
@@ -134,6 +135,16 @@ void read_frozen_base(trainer<P, T, C>& t, const Source& src) {
         src.read(0, s.name, static_cast<std::size_t>((s.row0 + r) * s.full_cols + s.col0), std::span<float>(row));
         for (index_t j = 0; j < s.cols; ++j) p[s.local_offset + static_cast<std::size_t>(r * s.cols + j)] = P(row[static_cast<std::size_t>(j)]);
       }
+    // a quantised base (lora_base bf16 / nf4): its projections are quantised from what is read
+    const auto& fs = m.frozen_shards();
+    for (std::size_t i = 0; i < fs.size(); ++i) {
+      const auto& s = fs[i];
+      std::vector<float> w(static_cast<std::size_t>(s.rows * s.cols));
+      for (index_t r = 0; r < s.rows; ++r)
+        src.read(0, s.name, static_cast<std::size_t>((s.row0 + r) * s.full_cols + s.col0),
+                 std::span<float>(w).subspan(static_cast<std::size_t>(r * s.cols), static_cast<std::size_t>(s.cols)));
+      t.set_frozen_weight(k, i, loom::make_view(static_cast<const float*>(w.data()), s.rows, s.cols));
+    }
   }
 }
 }  // namespace detail

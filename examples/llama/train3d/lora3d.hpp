@@ -24,18 +24,41 @@
 // tensors `layers.{i}.<tensor>.lora_A.weight` [r, in] / `.lora_B.weight` [out, r], <tensor>
 // the base's (attention.wq, feed_forward.w13, ...); B's row rectangles follow the base
 // weight's (fused q/k/v and gate/up are split by parts).
+//
+// A quantised base (train_options::lora_base bf16 / nf4, QLoRA) is run unmerged instead: its
+// projections are not in the model's buffer, and a frozen_projection (below) behind each
+// layer computes x deq(W)^T + s (x A^T) B^T and its backward; only the layout above is shared.
 
 #include "../model3d/llama3d.hpp"
 
 #include <loom/lora/adapter.hpp>
 #include <loom/lora/config.hpp>
+#include <loom/quant/frozen_weight.hpp>
+#include <loom/quant/host/gemm.hpp>
+#include <loom/quant/nf4.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 namespace llama3d {
+
+/// How a LoRA run holds its frozen base's projections (train_options::lora_base).
+///   fp32: in the model's flat buffer, the adapters merged into them each step (below);
+///   bf16, nf4: outside it, as quant::bf16_matrix / quant::nf4_matrix (QLoRA), each layer run
+///   unmerged by a frozen_projection: y = x deq(W)^T + s (x A^T) B^T.
+enum class lora_base { fp32, bf16, nf4 };
+inline const char* to_string(lora_base b) noexcept { return b == lora_base::fp32 ? "fp32" : b == lora_base::bf16 ? "bf16" : "nf4"; }
+inline lora_base parse_lora_base(const std::string& s) {
+  if (s == "fp32") return lora_base::fp32;
+  if (s == "bf16") return lora_base::bf16;
+  if (s == "nf4") return lora_base::nf4;
+  LOOM_THROW("lora_base must be fp32, bf16 or nf4, got lora_base='", s, "'");
+}
 
 /// The decoder tensor an HF module name adapts, and how tensor parallelism splits it.
 struct lora_target {
@@ -79,8 +102,8 @@ class stage_lora {
   stage_lora(const loom::lora::config& lc, const llama::config& c, const loom::nn::param_layout& base,
              const tp::shard_list& base_shards, stage_range range, tp::tp_rank t, std::size_t pad_to = 1)
       : cfg_((lc.validate(), lc)), scaling_(static_cast<T>(lc.scaling())) {
-    LOOM_CHECK(lc.lora_dropout == 0.0, "lora: the mesh trainer runs adapters merged into the base weights, where dropout "
-               "cannot act on the LoRA branch alone; lora_dropout must be 0, got lora_dropout=", lc.lora_dropout);
+    LOOM_CHECK(lc.lora_dropout == 0.0, "lora: the mesh trainer runs adapters merged into the base weights (fp32 base) or "
+               "without a kept mask (quantised base); lora_dropout must be 0, got lora_dropout=", lc.lora_dropout);
     std::size_t frozen = 0;
     for (index_t l = range.first; l < range.last; ++l) {
       const std::size_t u = layout_.begin_unit(pad_to);
@@ -180,6 +203,83 @@ class stage_lora {
   tp::shard_list shards_;
   std::vector<item> items_;
   std::size_t frozen_size_ = 0;
+};
+
+/// One projection of a quantised frozen base (this rank's shard, quantised once), and the
+/// LoRA adapter on it if it is a target: the nn::frozen_op behind the model's linear layer.
+///   forward   y = x deq(W)^T + s (x A^T) B^T
+///   backward  dx (+)= dy deq(W) + s (dy B) A,  dA += s (dy B)^T x,  dB += s dy^T (x A^T)
+/// deq(W) is never whole in fp32: the dequantising GEMMs (quant/host/gemm.hpp) work one tile
+/// at a time. The LoRA term is the adapter's partial form (adapter::forward_partial): the
+/// decoder's own all-reduces around each column/row pair sum it, and the trainer sums the
+/// replicated factor's gradient over the tensor group once per step.
+template <loom::ops::param_type P, loom::ops::compute_type T>
+class frozen_projection final : public loom::nn::frozen_op<T> {
+ public:
+  /// Where the attached adapter reads its parameters and adds its gradients during a step:
+  /// flat buffers in the stage's adapter layout (the trainer fills `params` before the passes).
+  struct adapter_state {
+    const loom::nn::param_layout* layout = nullptr;
+    std::span<P> params;
+    std::span<T> grads;
+    T scaling = T(1);
+  };
+
+  frozen_projection(lora_base kind, loom::tensor_view<const float, loom::host, 2> w, const loom::quant::nf4_options& o,
+                    loom::memory_resource& mr)
+      : kind_(kind), nf4_(o), mr_(&mr) {
+    set_weight(w);
+  }
+  /// (Re)quantises the weight from fp32 values (a pretrained base read in).
+  void set_weight(loom::tensor_view<const float, loom::host, 2> w) {
+    LOOM_CHECK(kind_ != lora_base::fp32, "llama3d::frozen_projection: lora_base fp32 keeps the base in the model's buffer");
+    if (kind_ == lora_base::nf4) w_ = loom::quant::nf4_matrix(w, nf4_, *mr_);
+    else w_ = loom::quant::bf16_matrix(w, *mr_);
+  }
+  void attach(const loom::lora::adapter<T>* ad, std::size_t unit, const adapter_state* st) { ad_ = ad, unit_ = unit, st_ = st; }
+  /// Bytes the quantised weight holds (its memory resource's share).
+  std::size_t bytes() const {
+    return std::visit([](const auto& w) { return w.bytes(); }, w_);
+  }
+  /// W dequantised whole (tests).
+  std::vector<float> dequantized() const {
+    return std::visit([](const auto& w) {
+      std::vector<float> out(static_cast<std::size_t>(w.rows() * w.cols()));
+      w.dequantize(0, w.rows(), 0, w.cols(), out.data(), w.cols());
+      return out;
+    }, w_);
+  }
+
+  void forward(loom::tensor_view<const T, loom::host, 2> x, loom::tensor_view<T, loom::host, 2> y,
+               loom::nn::workspace<T>& ws) const override {
+    if constexpr (std::is_same_v<T, float>) {
+      std::visit([&](const auto& w) { loom::quant::dequant_gemm_forward(loom::host{}, x, w, y, 0.f); }, w_);
+      if (ad_) ad_->forward_partial(params(), x, y, ws, st_->scaling);
+    } else {
+      LOOM_THROW("llama3d::frozen_projection: a quantised base computes in float, not in ", sizeof(T) * 8, "-bit floats");
+    }
+  }
+  void backward(loom::tensor_view<const T, loom::host, 2> x, loom::tensor_view<const T, loom::host, 2> dy,
+                loom::tensor_view<T, loom::host, 2> dx, bool accumulate, loom::nn::workspace<T>& ws) const override {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!dx.empty())
+        std::visit([&](const auto& w) { loom::quant::dequant_gemm_backward(loom::host{}, dy, w, dx, accumulate ? 1.f : 0.f); }, w_);
+      if (ad_) ad_->backward_partial(params(), st_->layout->unit(st_->grads, unit_), x, dy, dx, ws, st_->scaling);
+    } else {
+      LOOM_THROW("llama3d::frozen_projection: a quantised base computes in float, not in ", sizeof(T) * 8, "-bit floats");
+    }
+  }
+
+ private:
+  std::span<P> params() const { return st_->layout->unit(st_->params, unit_); }
+
+  lora_base kind_;
+  loom::quant::nf4_options nf4_;
+  loom::memory_resource* mr_;
+  std::variant<loom::quant::nf4_matrix, loom::quant::bf16_matrix> w_;
+  const loom::lora::adapter<T>* ad_ = nullptr;
+  std::size_t unit_ = 0;
+  const adapter_state* st_ = nullptr;
 };
 
 /// The adapters of the single-rank model (tp = 1, pp = 1): the layout whose offsets name

@@ -64,6 +64,13 @@
 // well as the adapters' source, both engines reduce, count in the norm and apply, and the
 // refreshed base becomes the next step's W0. ZeRO-3 is refused there: its base is gathered unit
 // by unit and has no resident copy to merge into.
+// A quantised base (train_options::lora_base bf16 / nf4, QLoRA): the blocks' projections are
+// not in the model's flat buffer at all; each rank quantises its own shards once (from the
+// initialised or HF values) into a frozen_projection behind the layer, which computes
+// y = x deq(W)^T + s (x A^T) B^T and its backward unmerged. A step copies the adapters out of
+// the engine (unit by unit, the same trace as merging), the passes add the adapters' gradients
+// straight into the engine's accumulation buffer, and afterwards the replicated factor's
+// gradient is summed over the tensor group. Nothing of the base trains (no unfreezing).
 
 #include "lora3d.hpp"
 
@@ -121,6 +128,11 @@ struct train_options {
   loom::amp::any_loss_scaler loss_scaler{loom::amp::static_loss_scaler(1.f)};
   /// LoRA adapters on a frozen base (PEFT's fields; lora_dropout must be 0 here, lora3d.hpp)
   std::optional<loom::lora::config> lora;
+  /// LoRA: how the base's projections are held (lora3d.hpp): fp32 (merged each step) or
+  /// quantised, bf16 or nf4 (QLoRA: unmerged, dequantised inside the GEMMs); `nf4` is the
+  /// format (block_size must divide every projection shard's row length).
+  llama3d::lora_base lora_base = llama3d::lora_base::fp32;
+  loom::quant::nf4_options nf4{.block_size = 64, .double_quant = true, .absmax_block_size = 256};
   /// Parameter groups and progressive unfreezing (optim/param_groups.hpp; see "Parameter
   /// groups" below). No groups and no phases: one group, every parameter trains every step.
   loom::optim::param_groups groups;
@@ -197,6 +209,12 @@ class trainer {
     std::vector<counted_range> counted;  // canonical ranges: the norm
     std::unique_ptr<stage_lora<P, T>> lora;  // LoRA: the adapters (the engine's layout) ...
     loom::buffer<P> frozen;                  // ... and the adapted base weights as they were (W0)
+    // quantised base: one frozen op per projection shard (model.frozen_shards() order), the
+    // adapters' step copy they read and where their gradients go
+    std::vector<std::unique_ptr<frozen_projection<P, T>>> projections;
+    loom::buffer<P> live;
+    typename frozen_projection<P, T>::adapter_state live_state;
+    bool quantised() const noexcept { return !projections.empty(); }
     // LoRA whose schedule unfreezes base tensors: the base in an engine of its own too
     std::unique_ptr<engine_t> base;
     std::vector<counted_range> base_counted;
@@ -231,7 +249,8 @@ class trainer {
     eo.nvme_path = opt.nvme_path;
     for (int c = 0; c < v; ++c) {
       auto ck = std::make_unique<chunk_state>();
-      ck->model = std::make_unique<stage_model<P, T, C>>(cfg, mesh_.tp(), c * p + mesh_.coord().pp, p * v, mr, dp_);
+      ck->model = std::make_unique<stage_model<P, T, C>>(cfg, mesh_.tp(), c * p + mesh_.coord().pp, p * v, mr, dp_,
+                                                         opt.lora && opt.lora_base != lora_base::fp32);
       auto& m = *ck->model;
       m.set_checkpointing(opt.checkpointing);
       m.init(opt.seed);  // the counter-RNG model, whole, in the model's own buffer; the engine takes its fp32 master from it
@@ -322,7 +341,10 @@ class trainer {
     auto& pp = mesh_.pp();
     const float loss_scale = loom::amp::scale_of(opt_.loss_scaler);
     st.loss_scale = loss_scale;
-    for (auto& ck : chunks_) ck->model->zero_grad();  // the engine's accumulation buffer (LoRA: the model's own)
+    for (auto& ck : chunks_) {
+      ck->model->zero_grad();  // the engine's accumulation buffer (LoRA: the model's own)
+      if (ck->lora && ck->quantised()) std::ranges::fill(ck->zero->accumulation(), T(0));  // the passes add the adapters' gradients
+    }
     const std::vector<bool> on = opt_.grouped() ? trainable_now() : std::vector<bool>{};
     for (std::size_t g = 0; g < on.size(); ++g) {
       const auto& x = opt_.groups.groups[g];
@@ -415,15 +437,30 @@ class trainer {
   /// them as the frozen W0 (the next step merges the adapters into them).
   void lora_capture_base() {
     for (auto& ck : chunks_)
-      if (ck->lora) ck->lora->capture(std::span<const P>(ck->model->params()), ck->frozen.span());
+      if (ck->lora && !ck->quantised()) ck->lora->capture(std::span<const P>(ck->model->params()), ck->frozen.span());
   }
+  /// Quantised LoRA base: projection shard k of model chunk c's frozen_shards() re-quantised
+  /// from fp32 values [rows, cols] (a pretrained base read in).
+  void set_frozen_weight(int c, std::size_t k, loom::tensor_view<const float, loom::host, 2> w) {
+    auto& ck = *chunks_[static_cast<std::size_t>(c)];
+    LOOM_CHECK(k < ck.projections.size(), "llama3d::trainer::set_frozen_weight: projection ", k, " of ",
+               ck.projections.size(), " (lora_base=", to_string(opt_.lora_base), ")");
+    ck.projections[k]->set_weight(w);
+  }
+  /// Quantised LoRA base: projection shard k of chunk c (its frozen op).
+  const frozen_projection<P, T>& frozen_weight(std::size_t k, int c = 0) const {
+    return *chunks_[static_cast<std::size_t>(c)]->projections.at(k);
+  }
+  /// Bytes this rank's quantised projections hold, measured by their memory resource (0 for
+  /// an fp32 base, which is in the model's buffer).
+  std::size_t frozen_base_bytes() const noexcept { return base_mr_.current_bytes(); }
 
   /// LoRA: this rank's base parameters as frozen (the model's buffer with each adapted weight
   /// back at W0) of model chunk c.
   std::vector<P> base_params(int c = 0) const {
     const chunk_state& ck = *chunks_[static_cast<std::size_t>(c)];
     std::vector<P> out(ck.model->params().begin(), ck.model->params().end());
-    if (ck.lora)
+    if (ck.lora && !ck.quantised())
       for (const auto& it : ck.lora->items())
         std::copy_n(ck.frozen.begin() + static_cast<std::ptrdiff_t>(it.frozen_offset), it.rows * it.cols,
                     out.begin() + static_cast<std::ptrdiff_t>(it.base_offset));
@@ -480,11 +517,18 @@ class trainer {
       ck->base = make_base_engine(m, eo, param_mr, trace_of(sched_, static_cast<int>(chunks_.size()), m, false));
       use_groups(*ck->base, ck->base_counted, m.shards());
     }
-    ck->lora = std::make_unique<stage_lora<P, T>>(*opt_.lora, cfg, m.layout(), m.shards(), m.layers(),
+    const bool quantised = opt_.lora_base != lora_base::fp32;
+    if (quantised) check_quantised_base(cfg, trained);
+    ck->lora = std::make_unique<stage_lora<P, T>>(*opt_.lora, cfg, quantised ? m.frozen_layout() : m.layout(),
+                                                   quantised ? m.frozen_shards() : m.shards(), m.layers(),
                                                    tp::tp_rank::of(mesh_.tp()), dp_);
     const auto& lo = *ck->lora;
-    ck->frozen = loom::buffer<P>(lo.frozen_size(), *mr_);
-    lo.capture(m.params(), ck->frozen.span());
+    if (quantised) {
+      quantise_base(*ck);
+    } else {
+      ck->frozen = loom::buffer<P>(lo.frozen_size(), *mr_);
+      lo.capture(m.params(), ck->frozen.span());
+    }
     const auto& L = lo.layout();
     std::vector<P> init(L.size(), P(0.f));
     lo.init(std::span<P>(init), opt_.seed);
@@ -499,7 +543,48 @@ class trainer {
         },
         ck->train_trace);
     use_groups(*ck->zero, ck->counted, lo.shards());
+    if (quantised) ck->live_state = {&lo.layout(), ck->live.span(), ck->zero->accumulation(), static_cast<T>(opt_.lora->scaling())};
     return ck;
+  }
+  // What a quantised base cannot do, refused naming the option.
+  void check_quantised_base(const llama::config& cfg, const std::string& trained) const {
+    const char* b = to_string(opt_.lora_base);
+    LOOM_CHECK(trained.empty(), "llama3d: lora_base=", b, " is frozen and quantised, but progressive_unfreezing trains base "
+               "tensor '", trained, "' (group \"", opt_.groups.groups[trained.empty() ? 0 : group_of(trained)].name,
+               "\"); unfreezing the base needs lora_base=fp32");
+    LOOM_CHECK((std::is_same_v<T, float>), "llama3d: lora_base=", b, " dequantises into float GEMMs; the compute type here "
+               "has ", sizeof(T) * 8, " bits (use float)");
+    LOOM_CHECK(!cfg.qkv_bias, "llama3d: lora_base=", b, " holds bias-free projections only; this model has qkv_bias=1");
+    LOOM_CHECK(opt_.mesh.tp <= cfg.n_kv_heads, "llama3d: lora_base=", b, " with n_kv_heads (", cfg.n_kv_heads,
+               ") < tp (", opt_.mesh.tp, "): replicated key/value heads sum weight gradients a frozen base has none of");
+    for (const std::string& mod : opt_.lora->target_modules)
+      LOOM_CHECK(mod != "query_key_value" && mod != "dense_h_to_4h", "llama3d: lora_base=", b, ": target module '", mod,
+                 "' is a fused tensor, which the unmerged path does not split into its parts' adapters; use lora_base=fp32");
+  }
+  // Each projection shard of chunk ck quantised from its initial values into a frozen op behind
+  // its layer, the targets' adapters attached; the adapters' step copy allocated.
+  void quantise_base(chunk_state& ck) {
+    auto& m = *ck.model;
+    const auto& fs = m.frozen_shards();
+    std::vector<float> w;
+    for (const auto& s : fs) {
+      w.resize(static_cast<std::size_t>(s.rows * s.cols));
+      m.init_shard(s, std::span<float>(w), opt_.seed);
+      ck.projections.push_back(std::make_unique<frozen_projection<P, T>>(
+          opt_.lora_base, loom::make_view(static_cast<const float*>(w.data()), s.rows, s.cols), opt_.nf4, base_mr_));
+    }
+    const auto shard_at = [&](auto&& match) {
+      for (std::size_t k = 0; k < fs.size(); ++k)
+        if (match(fs[k])) return k;
+      LOOM_THROW("llama3d: no projection shard matches");
+    };
+    m.for_each_frozen_linear([&](std::size_t offset, loom::nn::linear<T>& l) {
+      l.set_frozen(ck.projections[shard_at([&](const tp::shard_desc& s) { return s.local_offset == offset; })].get());
+    });
+    for (const auto& it : ck.lora->items())
+      ck.projections[shard_at([&](const tp::shard_desc& s) { return s.name == it.name + ".weight"; })]->attach(&it.ad, it.unit,
+                                                                                                           &ck.live_state);
+    ck.live = loom::buffer<P>(ck.lora->layout().size(), *mr_);
   }
   // An engine over the stage model's units, its fp32 master from the model's parameters; the
   // model then reads its parameters from it and adds its gradients into it.
@@ -550,26 +635,34 @@ class trainer {
     return t;
   }
   // W_eff = W0 + scaling B A in every chunk's model (nothing without LoRA).
+  // A quantised base instead: the adapters copied into the chunk's step copy the frozen ops read.
   void lora_merge() {
     for (auto& ck : chunks_) {
       if (!ck->lora) continue;
+      const auto& L = ck->lora->layout();
       for (std::size_t u = 0; u < ck->lora->units(); ++u) {
         ck->zero->acquire_layer(u);
-        ck->lora->merge(u, ck->zero->parameter(u), ck->frozen.span(), ck->model->params());
+        if (ck->quantised()) std::ranges::copy(ck->zero->parameter(u), L.unit(ck->live.span(), u).begin());
+        else ck->lora->merge(u, ck->zero->parameter(u), ck->frozen.span(), ck->model->params());
         ck->zero->release_layer(u);
       }
     }
   }
   // The adapters' gradients of chunk ck from its model's weight gradients, into the engine's
   // accumulation buffer (written: zeroed first).
+  // A quantised base: the passes added them already (partial over the tensor group for the
+  // replicated factor, summed here).
   void lora_backward(chunk_state& ck) {
     std::span<T> acc = ck.zero->accumulation();
-    std::fill(acc.begin(), acc.end(), T(0));
+    if (!ck.quantised()) std::fill(acc.begin(), acc.end(), T(0));
     loom::nn::workspace<T> ws(0, *mr_);
     const auto& L = ck.lora->layout();
     for (std::size_t u = ck.lora->units(); u-- > 0;) {
       ck.zero->acquire_layer(u);
-      ck.lora->backward(mesh_.tp(), u, ck.zero->parameter(u), L.unit(acc, u), std::span<const T>(ck.model->grads()), ws);
+      if (!ck.quantised()) ck.lora->backward(mesh_.tp(), u, ck.zero->parameter(u), L.unit(acc, u), std::span<const T>(ck.model->grads()), ws);
+      else
+        for (const auto& it : ck.lora->items())
+          if (it.unit == u) it.ad.sum_replicated_grad(mesh_.tp(), L.unit(acc, u));
       ck.zero->release_layer(u);
     }
   }
@@ -645,6 +738,7 @@ class trainer {
   }
 
   train_options opt_;
+  loom::host_memory_resource base_mr_{"frozen base"};  // a quantised LoRA base's projections (declared before chunks_: outlives them)
   loom::comm::mesh<C> mesh_;
   loom::memory_resource* mr_;
   loom::pipeline::schedule sched_;

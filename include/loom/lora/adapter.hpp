@@ -185,6 +185,47 @@ class adapter {
       for (index_t j = 0; j < in_features(); ++j) dx(i, j) += t(i, j) * a.mask.data()[i * in_features() + j];
   }
 
+  /// The LoRA term as a partial sum over the tensor group, for a base layer whose own
+  /// collectives sum it (the decoder's f and g around a column/row pair): y += scaling
+  /// (x A_local^T) B_local^T on every split, no communication. Row split: each rank's term uses
+  /// its h_local = x_local A_local^T, and the sum over ranks is the layer's; column split: it is
+  /// this rank's rows. No dropout, nothing kept (backward recomputes h).
+  template <param_type P>
+  void forward_partial(std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y, workspace<T>& ws, T scaling) const {
+    const index_t n = x.extent(0);
+    auto h = make_view(ws.take(static_cast<std::size_t>(n * rank())).data(), n, rank());
+    ops::gemm(host{}, x, nn::weights_as<T>(a_, params, ws).transpose(0, 1), h);
+    ops::gemm(host{}, in_view<T, 2>(h), nn::weights_as<T>(b_, params, ws).transpose(0, 1), y, scaling, T(1));
+  }
+  /// forward_partial's backward: dA, dB added into grads and dx += the LoRA term (skipped when
+  /// dx is empty), each as this rank's part: dx is summed by the base layer's own collective,
+  /// and the replicated factor's gradient (column: dA, row: dB) is a partial sum over the group
+  /// until sum_replicated_grad (once after all passes: gradients are linear in the passes).
+  template <param_type P>
+  void backward_partial(std::span<P> params, std::span<T> grads, in_view<T, 2> x, in_view<T, 2> dy,
+                        tensor_view<T, host, 2> dx, workspace<T>& ws, T scaling) const {
+    const index_t n = x.extent(0), r = rank();
+    auto h = make_view(ws.take(static_cast<std::size_t>(n * r)).data(), n, r);
+    auto dh = make_view(ws.take(static_cast<std::size_t>(n * r)).data(), n, r);
+    const auto A = nn::weights_as<T>(a_, params, ws);
+    ops::gemm(host{}, x, A.transpose(0, 1), h);                                    // h = x A^T
+    ops::gemm(host{}, dy.transpose(0, 1), in_view<T, 2>(h), b_.in(grads), scaling, T(1));  // dB += s dy^T h
+    ops::gemm(host{}, dy, nn::weights_as<T>(b_, params, ws), dh, scaling, T(0));  // dh = s dy B
+    ops::gemm(host{}, in_view<T, 2>(dh).transpose(0, 1), x, a_.in(grads), T(1), T(1));  // dA += dh^T x
+    if (!dx.empty()) ops::gemm(host{}, in_view<T, 2>(dh), A, dx, T(1), T(1));    // dx += dh A
+  }
+  /// After the passes of forward_partial / backward_partial: the replicated factor's gradient
+  /// in grads (this adapter's layout) summed over the tensor group, in place.
+  template <comm::communicator C>
+  void sum_replicated_grad(C& tp, std::span<T> grads) const {
+    LOOM_CHECK(tp.size() == tp_size_, "lora::adapter: built for tensor-parallel size ", tp_size_, ", called on a group of ",
+               tp.size());
+    if (tp.size() == 1) return;
+    auto g = (split_ == split::column ? a_ : b_).in(grads);
+    const std::span<T> s(g.data(), static_cast<std::size_t>(g.numel()));
+    tp.all_reduce(std::span<const T>(s), s, comm::reduce_op::sum);
+  }
+
   /// The whole layer on one rank.
   template <param_type P>
   void forward(std::span<P> params, in_view<T, 2> x, activations& a, tensor_view<T, host, 2> y, workspace<T>& ws, T scaling,

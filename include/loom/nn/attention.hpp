@@ -173,6 +173,12 @@ class attention {
 
   const attention_config& config() const noexcept { return cfg_; }
   const head_split& split() const noexcept { return split_; }
+  /// f(name, layer) for each projection ("wq", "wk", "wv", "wo"; fused q/k/v: three views of
+  /// wqkv): how a trainer puts a frozen op behind one (linear::set_frozen).
+  template <class F>
+  void for_each_linear(F&& f) {
+    f("wq", wq_), f("wk", wk_), f("wv", wv_), f("wo", wo_);
+  }
 
   activations make_activations(index_t batch, index_t seq, memory_resource& mr = default_resource<host>()) const {
     const index_t n = batch * seq, hd = cfg_.head_dim();

@@ -7,6 +7,11 @@
 // false (no zero pass over a fresh workspace buffer first). Weights stored in 16 bits are
 // widened into the workspace before the GEMM. A linear built from an existing slot shares
 // the weight (tied embedding / output projection) and adds its gradient into the same place.
+//
+// A layer may instead be backed by a frozen_op (set_frozen): a weight it does not hold in the
+// flat buffer (QLoRA's quantised base, with a LoRA adapter beside it) computes y and dx, and
+// there is no dW. Why a hook here rather than a second attention and MLP: the blocks keep one
+// data flow, and only the linear step differs.
 
 #include <loom/nn/parameters.hpp>
 #include <loom/nn/workspace.hpp>
@@ -38,6 +43,18 @@ inline tensor_view<const T, host, R> weights_as(const param_slot<R>& s, std::spa
   }
 }
 
+/// What a frozen linear layer runs instead of its GEMMs: y = x W^T (written) and dx (+)= dy W
+/// for a weight W [out, in] that lives outside the flat buffer and does not train (the
+/// implementation may add more: a LoRA term, and its adapters' gradients).
+template <compute_type T>
+struct frozen_op {
+  virtual ~frozen_op() = default;
+  virtual void forward(in_view<T, 2> x, tensor_view<T, host, 2> y, workspace<T>& ws) const = 0;
+  /// dx = dy W (accumulate false) or dx += dy W (true).
+  virtual void backward(in_view<T, 2> x, in_view<T, 2> dy, tensor_view<T, host, 2> dx, bool accumulate,
+                        workspace<T>& ws) const = 0;
+};
+
 template <compute_type T>
 class linear {
  public:
@@ -56,6 +73,13 @@ class linear {
   index_t out_features() const noexcept { return weight_.shape[0]; }
   const param_slot<2>& weight() const noexcept { return weight_; }
   const std::optional<param_slot<1>>& bias() const noexcept { return bias_; }
+  /// From now on `op` computes this layer (its weight slot is no longer read; a bias is
+  /// refused: the op owns the whole layer); null: the flat buffer again.
+  void set_frozen(const frozen_op<T>* op) {
+    LOOM_CHECK(!op || !bias_, "nn::linear::set_frozen: a layer with a bias cannot be frozen behind an op");
+    frozen_ = op;
+  }
+  const frozen_op<T>* frozen() const noexcept { return frozen_; }
 
   /// y [n, out] = x [n, in] W^T + b   (y is overwritten)
   template <ops::param_type P>
@@ -91,7 +115,8 @@ class linear {
       o.layer->check(x, "x");
       LOOM_CHECK(o.y.extent(0) == x.extent(0) && o.y.extent(1) == o.layer->out_features(), "nn::linear: output has shape ",
                  ops::detail::str(o.y.shape()), ", expected [", x.extent(0), ", ", o.layer->out_features(), "]");
-      g.push_back({x, weights_as<T>(o.layer->weight_, params, ws).transpose(0, 1), o.y});
+      if (o.layer->frozen_) o.layer->frozen_->forward(x, o.y, ws);
+      else g.push_back({x, weights_as<T>(o.layer->weight_, params, ws).transpose(0, 1), o.y});
     }
     ops::gemm_batch(host{}, std::span<const ops::gemm_op<T>>(g));
     for (const auto& o : outs)
@@ -110,7 +135,8 @@ class linear {
 
   /// Backward of forward_all: dW_i += dy_i^T x, db_i += sum_rows dy_i, and dx += sum_i dy_i W_i
   /// (added in list order; dx = ... when !accumulate; skipped when dx is empty), all GEMMs as
-  /// one ops::gemm_batch; every term times dy_scale (as the GEMMs' alpha).
+  /// one ops::gemm_batch; every term times dy_scale (as the GEMMs' alpha). Frozen layers
+  /// (set_frozen) run their op first: no dW, their dx term written or added before the batch's.
   template <ops::param_type P>
   static void backward_all(std::span<P> params, std::span<T> grads, in_view<T, 2> x, std::initializer_list<output_grad> dys,
                            tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true, T dy_scale = T(1)) {
@@ -120,6 +146,12 @@ class linear {
       d.layer->check(x, "x");
       LOOM_CHECK(d.dy.extent(0) == x.extent(0) && d.dy.extent(1) == d.layer->out_features(), "nn::linear: dy has shape ",
                  ops::detail::str(d.dy.shape()), ", expected [", x.extent(0), ", ", d.layer->out_features(), "]");
+      if (!d.layer->frozen_) continue;
+      LOOM_CHECK(dy_scale == T(1), "nn::linear: a frozen layer's backward takes dy_scale 1, got dy_scale=", dy_scale);
+      d.layer->frozen_->backward(x, d.dy, dx, std::exchange(dx_beta, T(1)) != T(0), ws);
+    }
+    for (const auto& d : dys) {
+      if (d.layer->frozen_) continue;
       g.push_back({d.dy.transpose(0, 1), x, d.layer->weight_.in(grads), dy_scale, T(1)});
       if (!dx.empty())
         g.push_back({d.dy, weights_as<T>(d.layer->weight_, params, ws), dx, dy_scale, std::exchange(dx_beta, T(1))});
@@ -143,6 +175,7 @@ class linear {
   }
   param_slot<2> weight_{};
   std::optional<param_slot<1>> bias_;
+  const frozen_op<T>* frozen_ = nullptr;
 };
 
 }  // namespace loom::nn

@@ -66,6 +66,11 @@ class swiglu_mlp {
   index_t dim() const noexcept { return w1_.in_features(); }
   /// Hidden units on this rank (hidden_dim / tp).
   index_t hidden_dim() const noexcept { return w1_.out_features(); }
+  /// f(name, layer) for "w1", "w2", "w3" (fused gate/up: two views of w13), as attention's.
+  template <class F>
+  void for_each_linear(F&& f) {
+    f("w1", w1_), f("w2", w2_), f("w3", w3_);
+  }
 
   activations make_activations(index_t rows, memory_resource& mr = default_resource<host>()) const {
     const auto n = static_cast<std::size_t>(rows * hidden_dim());

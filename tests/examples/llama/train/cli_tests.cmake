@@ -128,6 +128,13 @@ add_test(NAME llama_train_cli_lora_from COMMAND llama-train --dp 1 --tp 1 --pp 2
 set_tests_properties(llama_train_cli_lora_from PROPERTIES PASS_REGULAR_EXPRESSION
                      "LoRA adapters from the PEFT folder [^\n]*cli_lora_peft.*step 2/2 \\| loss"
                      FIXTURES_REQUIRED train3d_lora ENVIRONMENT OPENBLAS_NUM_THREADS=1 TIMEOUT 60)
+# QLoRA (--lora-base nf4: the base's projections in bitsandbytes' NF4, adapters unmerged) on 4
+# thread ranks under ZeRO-3 lowers the loss on the seed's chat record (tests/data): the mean
+# of the last 5 of 40 steps at least 10% below the first 5's (loss_drops.cmake reads the steps)
+add_test(NAME llama_train_cli_qlora_chat
+         COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-train>;--dp;4;--zero;3;--lora-base;nf4;--lora-r;16;--lora-alpha;32;--dim;64;--n-layers;2;--vocab;260;--seq;32;--batch;1;--micro-batches;1;--steps;40;--lr;3e-2;--print-every;1;--data;${PROJECT_SOURCE_DIR}/tests/data/chat_sample.jsonl"
+                 -DFIRST_LAST=5 -DMARGIN_PERMIL=100 -P ${PROJECT_SOURCE_DIR}/tests/examples/llama/train/loss_drops.cmake)
+set_tests_properties(llama_train_cli_qlora_chat PROPERTIES ENVIRONMENT OPENBLAS_NUM_THREADS=1 TIMEOUT 120)
 add_test(NAME llama_train_cli_lora_from_mismatch COMMAND llama-train --lora-r 8 --lora-from ${_peft} ${_small})
 set_tests_properties(llama_train_cli_lora_from_mismatch PROPERTIES PASS_REGULAR_EXPRESSION
                      "PEFT adapter '[^']*cli_lora_peft': r=4 lora_alpha=8 use_rslora=1, this run has r=8"
@@ -137,7 +144,8 @@ foreach(_bad "r;--lora-r;0;--lora-r must be >= 1, got 0"
              "target;--lora-targets;q_proj,qproj;unknown target module 'qproj'"
              "chatglm_target;--lora-targets;query_key_value;target module 'query_key_value' is not a layer of this llama model"
              "dropout;--lora-dropout;0.1;lora_dropout must be 0, got lora_dropout=0.1"
-             "save;--save;${CMAKE_CURRENT_BINARY_DIR}/cli_lora_save;--save / --resume with LoRA")
+             "save;--save;${CMAKE_CURRENT_BINARY_DIR}/cli_lora_save;--save / --resume with LoRA"
+             "base;--lora-base;int4;--lora-base must be fp32, bf16 or nf4, got 'int4'")
   list(GET _bad 0 _name)
   list(GET _bad 1 _flag)
   list(GET _bad 2 _value)

@@ -1,0 +1,228 @@
+// QLoRA in the mesh trainer: LoRA over a frozen base whose projections are quantised (NF4 as
+// bitsandbytes stores it, or bf16) and run unmerged (train_options::lora_base,
+// lora3d.hpp's frozen_projection). Oracles: the merged fp32 LoRA path on one rank whose
+// projections were overwritten with the dequantised values the mesh's ranks hold (losses and
+// adapters within 1e-4; the update is made linear in the gradient, see qlora_options); the
+// closed form nf4_bytes() / 2 bytes per shard for the base's bytes as the trainer's memory
+// resource measures them (less NF4's 4-byte offset per matrix, a member); the engine's accounting (12 bytes of optimizer state and 4 of
+// gradient per adapter element, over dp) for the trainable states.
+#include "train3d_suite.hpp"
+
+#include <loom/comm/thread_comm.hpp>
+#include <loom/quant/nf4.hpp>
+
+#include <support/error_of.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <vector>
+
+using loom::comm::thread_comm;
+
+namespace {
+
+using qlora_trainer = llama3d::trainer<float, float, thread_comm>;
+
+// Targets on both splits: q/v/up column-parallel, o/down row-parallel.
+loom::lora::config qlora_adapters(loom::index_t r = 4) {
+  loom::lora::config l;
+  l.r = r, l.lora_alpha = 8;
+  l.target_modules = {"q_proj", "v_proj", "o_proj", "up_proj", "down_proj"};
+  return l;
+}
+
+// AdamW with eps = 1 (far above sqrt(v) ~ |g|): the update is lr g / (|g| + 1), about lr g, so
+// two runs' adapters differ as their gradients do (a normalised step would turn a rounding
+// difference in a near-zero gradient into a full-size one). No clipping, no weight decay.
+llama3d::train_options qlora_options(loom::comm::mesh_shape mesh, int zero, llama3d::lora_base base) {
+  auto o = train3d_suite::options(mesh, zero, "1f1b", 4 / mesh.dp);
+  o.lora = qlora_adapters();
+  o.lora_base = base;
+  o.nf4.block_size = 8;  // divides every shard's rows of the tiny model at tp 2 (wo: 8 columns)
+  o.nf4.absmax_block_size = 4;
+  o.adamw.lr = 0.5f, o.adamw.eps = 1.f, o.adamw.weight_decay = 0.f;
+  o.gradient_clipping = 0.f;
+  return o;
+}
+
+struct qlora_result {
+  std::vector<double> losses;
+  std::vector<float> adapters;
+  std::vector<float> base;       // full layout: the projections dequantised as the ranks hold them
+  std::vector<char> quantised;   // full layout: which elements are projections
+};
+
+void qlora_steps(qlora_trainer& t, const llama::config& cfg, const llama3d::train_options& o, int n, std::vector<double>& losses) {
+  for (int s = 0; s < n; ++s)
+    losses.push_back(t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+                       llama3d::counting_batch(7, step, g, o.micro_batch_size, o.seq, cfg.vocab, tok, tgt);
+                     }).loss);
+}
+
+qlora_result qlora_run(const llama::config& cfg, const llama3d::train_options& o, int n) {
+  qlora_result out;
+  const auto full = llama3d::full_layout(cfg);
+  out.base.assign(full.size(), 0.f);
+  out.quantised.assign(full.size(), 0);
+  std::mutex mu;
+  loom::comm::run_ranks(o.mesh.size(), [&](thread_comm& world) {
+    qlora_trainer t(world, cfg, o, loom::default_resource<loom::host>());
+    const auto& m = t.model();
+    if (t.mesh().coord().dp == 0) {
+      const std::lock_guard lock(mu);
+      for (std::size_t k = 0; k < m.frozen_shards().size(); ++k) {
+        const auto& s = m.frozen_shards()[k];
+        if (s.replica != 0) continue;
+        const std::vector<float> v = t.frozen_weight(k).dequantized();
+        for (loom::index_t r = 0; r < s.rows; ++r)
+          for (loom::index_t c = 0; c < s.cols; ++c) {
+            const std::size_t at = m.full_offset(s.name) + static_cast<std::size_t>((s.row0 + r) * s.full_cols + s.col0 + c);
+            out.base[at] = v[static_cast<std::size_t>(r * s.cols + c)];
+            out.quantised[at] = 1;
+          }
+      }
+    }
+    std::vector<double> losses;
+    qlora_steps(t, cfg, o, n, losses);
+    auto adapters = t.consolidated_lora();
+    if (world.rank() == 0) out.losses = losses, out.adapters = std::move(adapters);
+  });
+  return out;
+}
+
+// The oracle: one rank, fp32 base merged each step, its projections := q.base.
+qlora_result merged_oracle(const llama::config& cfg, const qlora_result& q, int n) {
+  auto o = qlora_options({1, 1, 1}, 0, llama3d::lora_base::fp32);
+  qlora_result out;
+  double moved = 0;
+  loom::comm::run_ranks(1, [&](thread_comm& world) {
+    qlora_trainer t(world, cfg, o, loom::default_resource<loom::host>());
+    auto p = t.model().params();  // one rank: the single-rank layout itself
+    REQUIRE(p.size() >= q.base.size());
+    for (std::size_t i = 0; i < q.base.size(); ++i)
+      if (q.quantised[i]) moved = std::max(moved, double(std::abs(p[i] - q.base[i]))), p[i] = q.base[i];
+    t.lora_capture_base();
+    qlora_steps(t, cfg, o, n, out.losses);
+    out.adapters = t.consolidated_lora();
+  });
+  CHECK(moved > 0);  // the quantised base is not the fp32 one: the oracle was really given it
+  return out;
+}
+
+void check_equal(const qlora_result& got, const qlora_result& want) {
+  REQUIRE(got.losses.size() == want.losses.size());
+  for (std::size_t s = 0; s < want.losses.size(); ++s) {
+    CAPTURE(s);
+    CHECK(std::abs(got.losses[s] - want.losses[s]) <= 1e-4 * std::max(1.0, std::abs(want.losses[s])));
+  }
+  REQUIRE(got.adapters.size() == want.adapters.size());
+  double worst = 0, b_moved = 0;
+  for (std::size_t i = 0; i < want.adapters.size(); ++i) {
+    worst = std::max(worst, double(std::abs(got.adapters[i] - want.adapters[i])));
+    b_moved = std::max(b_moved, double(std::abs(want.adapters[i])));
+  }
+  CHECK(worst <= 1e-4);
+  CHECK(b_moved > 0);
+}
+
+}  // namespace
+
+TEST_CASE("QLoRA: the unmerged NF4 / bf16 path on (1,1,1), (2,2,1) ZeRO-3 and (1,2,2) equals the merged fp32 path over the dequantised base") {
+  const llama::config cfg = train3d_suite::tiny(false);
+  constexpr int n = 4;
+  for (const auto base : {llama3d::lora_base::nf4, llama3d::lora_base::bf16}) {
+    for (const auto& mz : std::vector<std::pair<loom::comm::mesh_shape, int>>{{{1, 1, 1}, 0}, {{2, 2, 1}, 3}, {{1, 2, 2}, 1}}) {
+      const std::string what = std::string(llama3d::to_string(base)) + " on (" + std::to_string(mz.first.dp) + "," +
+                               std::to_string(mz.first.tp) + "," + std::to_string(mz.first.pp) + ")";
+      CAPTURE(what);
+      const qlora_result q = qlora_run(cfg, qlora_options(mz.first, mz.second, base), n);
+      check_equal(q, merged_oracle(cfg, q, n));
+    }
+  }
+}
+
+TEST_CASE("QLoRA memory on dp 4 ZeRO-3, LoRA r 16 on q_proj and v_proj: the base's bytes as measured = nf4_bytes per shard; trainable states = formula") {
+  const llama::config cfg = train3d_suite::tiny(false);
+  for (const auto base : {llama3d::lora_base::nf4, llama3d::lora_base::bf16}) {
+    const std::string what = llama3d::to_string(base);
+    CAPTURE(what);
+    auto o = qlora_options({4, 1, 1}, 3, base);
+    o.lora->r = 16;
+    o.lora->target_modules = {"q_proj", "v_proj"};
+    std::vector<std::size_t> measured(4), expected(4), parts(4), model(4);
+    const std::size_t matrices = 7 * static_cast<std::size_t>(cfg.n_layers);
+    std::vector<loom::zero::state_bytes> states(4);
+    std::size_t adapters = 0;
+    loom::comm::run_ranks(4, [&](thread_comm& world) {
+      const auto r = static_cast<std::size_t>(world.rank());
+      qlora_trainer t(world, cfg, o, loom::default_resource<loom::host>());
+      measured[r] = t.frozen_base_bytes();
+      for (std::size_t k = 0; k < t.model().frozen_shards().size(); ++k) {
+        const auto& s = t.model().frozen_shards()[k];
+        expected[r] += base == llama3d::lora_base::nf4 ? loom::quant::nf4_bytes(s.rows, s.cols, o.nf4)
+                                                       : 2 * static_cast<std::size_t>(s.rows * s.cols);
+        parts[r] += t.frozen_weight(k).bytes();
+      }
+      model[r] = t.model().size();
+      states[r] = t.bytes();
+      if (r == 0) adapters = t.lora()->layout().size();
+    });
+    // the adapters: per layer r (in + out) for q [16, 16] and v [8, 16], each unit padded to dp
+    const auto full = llama3d::full_layout(cfg);
+    std::size_t projections = 0;
+    for (const auto& e : full.entries())
+      if (e.name.find("attention.w") != std::string::npos || e.name.find("feed_forward.w") != std::string::npos) projections += e.numel;
+    CHECK(adapters >= static_cast<std::size_t>(cfg.n_layers * 16 * (16 + 16 + 16 + 8)));
+    CHECK(adapters % 4 == 0);
+    for (int r = 0; r < 4; ++r) {
+      CAPTURE(r);
+      // the resource holds the closed form but the double-quantisation offset, a 4-byte member of each matrix
+      CHECK(measured[r] + (base == llama3d::lora_base::nf4 ? 4 * matrices : 0) == expected[r]);
+      CHECK(parts[r] == expected[r]);
+      // every rank holds the whole base (replicated over dp): all seven projections of both layers
+      CHECK(expected[r] == (base == llama3d::lora_base::nf4 ? [&] {
+              std::size_t b = 0;
+              for (const auto& e : full.entries())
+                if (e.name.find("attention.w") != std::string::npos || e.name.find("feed_forward.w") != std::string::npos)
+                  b += loom::quant::nf4_bytes(e.shape[0], e.shape[1], o.nf4);
+              return b;
+            }()
+                                                          : 2 * projections));
+      // the model's flat buffer holds the rest of the base only (embedding, norms, output)
+      CHECK(model[r] == full.size() - projections);
+      // ZeRO-3 over dp 4: parameters, gradients, fp32 master + two moments, each a quarter
+      CHECK(states[r].parameters == sizeof(float) * adapters / 4);
+      CHECK(states[r].gradients == sizeof(float) * adapters / 4);
+      CHECK(states[r].optimizer == 3 * sizeof(float) * adapters / 4);
+    }
+  }
+}
+
+TEST_CASE("QLoRA refuses what a quantised base cannot do, naming the option") {
+  const llama::config cfg = train3d_suite::tiny(false);
+  loom::comm::run_ranks(1, [&](thread_comm& world) {
+    auto o = qlora_options({1, 1, 1}, 0, llama3d::lora_base::nf4);
+    o.groups.groups.push_back({"lora", {"*lora_*"}, {}, {}, {}, {}});
+    o.groups.phases = {{0.5, {"lora"}}, {1.0, {"lora", "base"}}};
+    o.total_steps = 4;
+    CHECK(loom::test::error_of([&] { qlora_trainer(world, cfg, o, loom::default_resource<loom::host>()); })
+              .find("lora_base=nf4 is frozen and quantised, but progressive_unfreezing trains base tensor") != std::string::npos);
+    auto d = qlora_options({1, 1, 1}, 0, llama3d::lora_base::bf16);
+    CHECK(loom::test::error_of([&] { llama3d::trainer<double, double, thread_comm>(world, cfg, d, loom::default_resource<loom::host>()); })
+              .find("lora_base=bf16 dequantises into float GEMMs") != std::string::npos);
+    auto b = qlora_options({1, 1, 1}, 0, llama3d::lora_base::nf4);
+    b.nf4.block_size = 64;
+    CHECK(loom::test::error_of([&] { qlora_trainer(world, cfg, b, loom::default_resource<loom::host>()); }).find("block_size=64") !=
+          std::string::npos);
+    auto glm = llama::config::chatglm();
+    glm.dim = 16, glm.n_layers = 2, glm.n_heads = 4, glm.n_kv_heads = 2, glm.hidden_dim = 32, glm.vocab = 32, glm.seq_len = 8;
+    auto g = qlora_options({1, 1, 1}, 0, llama3d::lora_base::nf4);
+    g.lora->target_modules = {"dense"};
+    CHECK(loom::test::error_of([&] { qlora_trainer(world, glm, g, loom::default_resource<loom::host>()); }).find("qkv_bias=1") !=
+          std::string::npos);
+  });
+  CHECK(loom::test::error_of([] { llama3d::parse_lora_base("int8"); }).find("lora_base must be fp32, bf16 or nf4, got lora_base='int8'") !=
+        std::string::npos);
+}
