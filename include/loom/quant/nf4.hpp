@@ -36,7 +36,9 @@
 #include <loom/quant/frozen_weight.hpp>
 #include <span>
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
+#include <loom/core/cpu.hpp>
+
+#if LOOM_CPU_X86
 #include <immintrin.h>
 #define LOOM_NF4_X86 1
 #else
@@ -274,9 +276,8 @@ __attribute__((target("avx512f"))) inline void nf4_expand_avx512(const std::uint
 /// The best expansion this CPU runs.
 inline nf4_isa nf4_best_isa() noexcept {
 #if LOOM_NF4_X86
-  __builtin_cpu_init();  // may run before the constructors that would otherwise do it
-  if (__builtin_cpu_supports("avx512f")) return nf4_isa::avx512;
-  if (__builtin_cpu_supports("avx2")) return nf4_isa::avx2;
+  if (cpu::has_avx512f()) return nf4_isa::avx512;
+  if (cpu::has_avx2_fma()) return nf4_isa::avx2;
 #endif
   return nf4_isa::scalar;
 }

@@ -10,6 +10,7 @@
 // register transpose when B is a transposed weight). Six rows fit the 8 ways of L1, so A
 // rows 4 KiB apart need no shorter tile.
 
+#include <loom/core/cpu.hpp>
 #include <loom/ops/host/sgemm.hpp>
 
 namespace loom::ops::detail {
@@ -30,13 +31,7 @@ struct sgemm_avx2 {
   // it 1.27x faster (docs/benchmarks.md).
   static constexpr bool pack_aliased_at = true;
 
-  static bool supported() noexcept {
-    static const bool ok = [] {
-      __builtin_cpu_init();
-      return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
-    }();
-    return ok;
-  }
+  static bool supported() noexcept { return cpu::has_avx2_fma(); }
 
   /// Lane masks (all ones where written) of the two 8-column halves of a `width` (<= 16) panel.
   LOOM_TARGET_AVX2 static void masks(int width, __m256i& m0, __m256i& m1) noexcept {

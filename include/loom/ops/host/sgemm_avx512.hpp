@@ -11,6 +11,7 @@
 // the output layer's input gradient, 1024 x 128 x 4096: 20% faster than copying 12 rows first,
 // and as fast as 12-row tiles over rows padded out of the alias).
 
+#include <loom/core/cpu.hpp>
 #include <loom/ops/host/sgemm.hpp>
 
 namespace loom::ops::detail {
@@ -37,13 +38,7 @@ struct sgemm_avx512 {
   // tile first was slower (docs/benchmarks.md).
   static constexpr bool pack_aliased_at = false;
 
-  static bool supported() noexcept {
-    static const bool ok = [] {
-      __builtin_cpu_init();
-      return __builtin_cpu_supports("avx512f") != 0;
-    }();
-    return ok;
-  }
+  static bool supported() noexcept { return cpu::has_avx512f(); }
 
   /// Lane masks of a panel of `width` (<= 32) columns.
   static void masks(int width, __mmask16& m0, __mmask16& m1) noexcept {
