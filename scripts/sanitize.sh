@@ -47,7 +47,7 @@ case "$mode" in
     ;;
   tsan)
     dir=build-tsan
-    # the targets to build, and the CTest tests to run (the server's four tests are one
+    # the targets to build, and the CTest tests to run (the server's five tests are one
     # binary, llama_serve_tests: tests/serve)
     targets=(core_thread_pool_test comm_thread_comm_test comm_mesh_test sched_all_gather_test sched_reduce_scatter_test
              kv_scheduler_test zero_engine_test pipeline_executor_test comm_fault_thread_test llama_serve_tests)
@@ -57,7 +57,7 @@ case "$mode" in
     known=$(cmake --build "$dir" --target help)
     targets=($(for t in "${targets[@]}"; do grep -qw -- "$t" <<<"$known" && echo "$t"; done))
     cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
-    tests=("${targets[@]/llama_serve_tests/llama_serve_test llama_serve_limits_test llama_serve_load_test llama_serve_chat_test}")
+    tests=("${targets[@]/llama_serve_tests/llama_serve_test llama_serve_limits_test llama_serve_load_test llama_serve_chat_test llama_serve_lora_test}")
     tests=(${tests[@]})
     # scripts/tsan.supp: the uninstrumented cpp-httplib library's own accesses (why, in the file)
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp}
