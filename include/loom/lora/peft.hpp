@@ -109,32 +109,32 @@ inline config config_from_adapter_json(const nlohmann::json& j, const std::strin
     return j.at(key);
   };
   const auto& type = get("peft_type");
-  LOOM_CHECK(type.is_string() && type.get<std::string>() == "LORA", what, ": peft_type is ", type.dump(),
+  LOOM_CHECK(type.is_string() && type.get<std::string>() == "LORA", what, ": peft_type is ", loom::data::quote_json(type),
              ", loom reads \"LORA\" adapters");
   if (j.contains("bias"))
-    LOOM_CHECK(j["bias"] == "none", what, ": bias is ", j["bias"].dump(), ", loom's adapters train no biases (\"none\")");
+    LOOM_CHECK(j["bias"] == "none", what, ": bias is ", loom::data::quote_json(j["bias"]), ", loom's adapters train no biases (\"none\")");
   config c;
   const auto& r = get("r");
-  LOOM_CHECK(r.is_number_integer(), what, ": r is ", r.dump(), ", expected an integer");
+  LOOM_CHECK(r.is_number_integer(), what, ": r is ", loom::data::quote_json(r), ", expected an integer");
   c.r = r.get<index_t>();
   const auto& alpha = get("lora_alpha");
-  LOOM_CHECK(alpha.is_number(), what, ": lora_alpha is ", alpha.dump(), ", expected a number");
+  LOOM_CHECK(alpha.is_number(), what, ": lora_alpha is ", loom::data::quote_json(alpha), ", expected a number");
   c.lora_alpha = alpha.get<double>();
   if (j.contains("lora_dropout")) {
-    LOOM_CHECK(j["lora_dropout"].is_number(), what, ": lora_dropout is ", j["lora_dropout"].dump(), ", expected a number");
+    LOOM_CHECK(j["lora_dropout"].is_number(), what, ": lora_dropout is ", loom::data::quote_json(j["lora_dropout"]), ", expected a number");
     c.lora_dropout = j["lora_dropout"].get<double>();
   }
   if (j.contains("use_rslora")) {
-    LOOM_CHECK(j["use_rslora"].is_boolean(), what, ": use_rslora is ", j["use_rslora"].dump(), ", expected true or false");
+    LOOM_CHECK(j["use_rslora"].is_boolean(), what, ": use_rslora is ", loom::data::quote_json(j["use_rslora"]), ", expected true or false");
     c.use_rslora = j["use_rslora"].get<bool>();
   }
   const auto& t = get("target_modules");
-  LOOM_CHECK(t.is_array() || t.is_string(), what, ": target_modules is ", t.dump().substr(0, 128),
+  LOOM_CHECK(t.is_array() || t.is_string(), what, ": target_modules is ", loom::data::quote_json(t),
              ", expected a list of module names");
   c.target_modules.clear();
   if (t.is_string()) c.target_modules.push_back(t.get<std::string>());
   for (const auto& m : t.is_array() ? t : nlohmann::json::array()) {
-    LOOM_CHECK(m.is_string(), what, ": target_modules holds ", m.dump().substr(0, 64), ", expected module names");
+    LOOM_CHECK(m.is_string(), what, ": target_modules holds ", loom::data::quote_json(m), ", expected module names");
     c.target_modules.push_back(m.get<std::string>());
   }
   try {
@@ -176,7 +176,7 @@ inline void check_adapter(const config& c, const io::tensor_map& tensors, std::s
   }
   for (const auto& [name, t] : tensors)
     LOOM_CHECK(expected.contains(name), what, ": tensor '", name.substr(0, 200),
-               "' matches no target module of the base model (target_modules ", nlohmann::json(c.target_modules).dump(), ")");
+               "' matches no target module of the base model (target_modules ", loom::data::quote_json(nlohmann::json(c.target_modules)), ")");
 }
 
 /// Writes `dir`/adapter_config.json and `dir`/adapter_model.safetensors (F32 unless dtype
