@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-20}
 shift || true
 all=(llama2c_checkpoint llama2c_tokenizer safetensors hf_config hf_index ds_config token_shard chat_jsonl chat_template
-     serve_request checkpoint_manifest sentencepiece_model)
+     serve_request checkpoint_manifest adapter_config sentencepiece_model)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
 
@@ -24,7 +24,8 @@ targets=("$@")
 # enough that each execution stays fast (the readers' cost grows with the input).
 declare -A max_len=([llama2c_checkpoint]=4096 [llama2c_tokenizer]=8192 [safetensors]=4096 [hf_config]=2048
                     [hf_index]=2048 [ds_config]=4096 [token_shard]=1024 [chat_jsonl]=4096 [chat_template]=4096
-                    [serve_request]=4096 [checkpoint_manifest]=4096 [sentencepiece_model]=8192)
+                    [serve_request]=4096 [checkpoint_manifest]=4096 [adapter_config]=2048
+                    [sentencepiece_model]=8192)
 
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (scripts/install-deps.sh installs it)" >&2; exit 1; }
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DLOOM_FUZZ=ON \

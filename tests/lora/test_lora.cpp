@@ -438,8 +438,14 @@ TEST_CASE("PEFT layout: export then import gives the same tensors; bad adapters 
     j[key] = v;
     return error_of([&] { lora::config_from_adapter_json(j, "cfg.json"); });
   };
-  CHECK(cfg_error("r", 0).find("r=0") != std::string::npos);
-  CHECK(cfg_error("r", "eight").find("r is \"eight\"") != std::string::npos);
+  CHECK(cfg_error("r", 0).find("cfg.json: r must be >= 1, got 0") != std::string::npos);
+  CHECK(cfg_error("r", "eight").find("r must be an integer, got \"eight\"") != std::string::npos);
+  // held by the JSON as unsigned: named as written, not wrapped to -1
+  CHECK(cfg_error("r", std::uint64_t(-1)).find("got 18446744073709551615") != std::string::npos);
+  CHECK(cfg_error("r", 2.5).find("r must be an integer, got 2.5") != std::string::npos);
+  CHECK(cfg_error("lora_alpha", "x").find("lora_alpha must be a number") != std::string::npos);
+  CHECK(cfg_error("lora_dropout", 1.5).find("lora_dropout must be <= 1, got 1.5") != std::string::npos);
+  CHECK(cfg_error("lora_dropout", 1.0).find("lora_dropout=1") != std::string::npos);  // validate(): [0, 1)
   CHECK(cfg_error("peft_type", "IA3").find("peft_type is \"IA3\"") != std::string::npos);
   CHECK(cfg_error("target_modules", nlohmann::json::array({"q_proj", "wq"})).find("'wq'") != std::string::npos);
   CHECK(cfg_error("bias", "all").find("bias is \"all\"") != std::string::npos);

@@ -30,8 +30,10 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <span>
@@ -100,6 +102,10 @@ inline nlohmann::json adapter_config_json(const config& c, const std::string& ba
           {"init_lora_weights", true}};
 }
 
+/// The largest rank an adapter_config.json may state: far above any layer's width, so it only
+/// stops a count no model could match before it reaches an allocation.
+inline constexpr std::int64_t max_rank = std::int64_t{1} << 24;
+
 /// The config an adapter_config.json describes; refuses (naming `what` and the key) a non-LoRA
 /// peft_type, a bias other than "none", a missing or mistyped key, values validate() refuses.
 inline config config_from_adapter_json(const nlohmann::json& j, const std::string& what) {
@@ -114,16 +120,12 @@ inline config config_from_adapter_json(const nlohmann::json& j, const std::strin
   if (j.contains("bias"))
     LOOM_CHECK(j["bias"] == "none", what, ": bias is ", loom::data::quote_json(j["bias"]), ", loom's adapters train no biases (\"none\")");
   config c;
-  const auto& r = get("r");
-  LOOM_CHECK(r.is_number_integer(), what, ": r is ", loom::data::quote_json(r), ", expected an integer");
-  c.r = r.get<index_t>();
-  const auto& alpha = get("lora_alpha");
-  LOOM_CHECK(alpha.is_number(), what, ": lora_alpha is ", loom::data::quote_json(alpha), ", expected a number");
-  c.lora_alpha = alpha.get<double>();
-  if (j.contains("lora_dropout")) {
-    LOOM_CHECK(j["lora_dropout"].is_number(), what, ": lora_dropout is ", loom::data::quote_json(j["lora_dropout"]), ", expected a number");
-    c.lora_dropout = j["lora_dropout"].get<double>();
-  }
+  // Range-checked as read: a number the JSON holds as unsigned or as a float is never wrapped
+  // or narrowed into a different value (r = 2^64 - 1 is not r = -1).
+  c.r = loom::data::json_integer(get("r"), what + ": r", 1, max_rank);
+  constexpr double big = std::numeric_limits<double>::max();
+  c.lora_alpha = loom::data::json_real<double>(get("lora_alpha"), what + ": lora_alpha", -big, big);
+  if (j.contains("lora_dropout")) c.lora_dropout = loom::data::json_real<double>(j["lora_dropout"], what + ": lora_dropout", 0.0, 1.0);
   if (j.contains("use_rslora")) {
     LOOM_CHECK(j["use_rslora"].is_boolean(), what, ": use_rslora is ", loom::data::quote_json(j["use_rslora"]), ", expected true or false");
     c.use_rslora = j["use_rslora"].get<bool>();
