@@ -344,9 +344,9 @@ TEST_CASE("serving LoRA: adapters that do not fit the base are refused when load
   auto load = [&](const std::string& dir) { return error_of([&] { served_adapter::from_peft("x", dir, fx.cfg); }); };
 
   cfg["r"] = 0;
-  CHECK(load(write_config("r0", cfg, fx.a.peft)).find("r must be > 0, got r=0") != std::string::npos);
+  CHECK(load(write_config("r0", cfg, fx.a.peft)).find("r must be >= 1, got 0") != std::string::npos);
   cfg["r"] = -2;
-  CHECK(load(write_config("rneg", cfg, fx.a.peft)).find("r must be > 0, got r=-2") != std::string::npos);
+  CHECK(load(write_config("rneg", cfg, fx.a.peft)).find("r must be >= 1, got -2") != std::string::npos);
   cfg = loom::lora::adapter_config_json(fx.a.cfg);
   cfg["target_modules"] = {"q_proj", "qkv"};
   CHECK(load(write_config("unknown", cfg, fx.a.peft)).find("unknown target module 'qkv'") != std::string::npos);
