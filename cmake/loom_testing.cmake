@@ -46,6 +46,23 @@ else()
   set(LOOM_HAS_TORCH FALSE)
 endif()
 
+# SentencePiece tokenizers and chat templates are checked against Debian's python3-sentencepiece:
+# the fixture (tests/data) trains two tokenizer.model files with spm_train into
+# LOOM_TOKENIZER_FIXTURES_DIR and writes what Python gives. Probed here, before any folder is
+# added, because tests/ and the examples' CLI tests (registered from examples/) both read them.
+set(LOOM_TOKENIZER_ORACLE FALSE)
+set(LOOM_TOKENIZER_FIXTURES_DIR ${PROJECT_BINARY_DIR}/tests/data/tokenizer_fixtures)
+if(LOOM_HAS_SENTENCEPIECE AND LOOM_HAS_JSON)
+  find_program(LOOM_SPM_TRAIN spm_train)
+  execute_process(COMMAND /usr/bin/python3 -c "import sentencepiece" RESULT_VARIABLE _py_sp OUTPUT_QUIET ERROR_QUIET)
+  if(LOOM_SPM_TRAIN AND _py_sp EQUAL 0)
+    set(LOOM_TOKENIZER_ORACLE TRUE)
+  else()
+    message(STATUS "loom: spm_train or /usr/bin/python3's sentencepiece missing (apt-get install sentencepiece "
+                   "python3-sentencepiece): the SentencePiece tests are skipped")
+  endif()
+endif()
+
 # loom_test_torch_oracle(<target>): LOOM_TEST_DIR (the calling folder, where the oracle script
 # lies) and, where /usr/bin/python3 has torch and numpy, LOOM_TORCH_PYTHON, which compiles the
 # test's PyTorch/numpy comparison in; elsewhere a warning says it runs without it.
