@@ -10,17 +10,20 @@
 //   bf16 / fp16 GEMM operands, fp32 accumulation: rtol 1e-3, atol 1e-3 against double on the
 //     same rounded operands; a bf16 / fp16 C adds its rounding: rtol 1e-2 (bf16), 2e-3 (fp16)
 //   squared norm (double accumulation on both sides, in another order): rtol 1e-10
+//   embedding forward and backward: exact (a copy, and sums in the host's token order)
 #include <loom/core/buffer.hpp>
 #include <loom/core/cuda/memory.hpp>
 #include <loom/core/random.hpp>
 #include <loom/ops/cuda/activation.cuh>
 #include <loom/ops/cuda/cross_entropy.cuh>
+#include <loom/ops/cuda/embedding.cuh>
 #include <loom/ops/cuda/gemm.hpp>
 #include <loom/ops/cuda/norm.cuh>
 #include <loom/ops/cuda/reduce.cuh>
 #include <loom/ops/cuda/rope.cuh>
 #include <loom/ops/host/activation.hpp>
 #include <loom/ops/host/cross_entropy.hpp>
+#include <loom/ops/host/embedding.hpp>
 #include <loom/ops/host/norm.hpp>
 #include <loom/ops/host/rope.hpp>
 #include <loom/optim/adamw.hpp>
@@ -34,6 +37,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -161,6 +165,62 @@ TEST_CASE("swiglu forward and backward on the GPU equal the host's") {
     ops::swiglu_backward(loom::cuda{}, cview(gdo, n), cview(ga, n), cview(gb, n), mview(gda, n), mview(gdb, n), acc);
     require_close(download(gda), da, rtol32, atol32, "swiglu da");
     require_close(download(gdb), db, rtol32, atol32, "swiglu db");
+  }
+}
+
+namespace {
+
+template <class P, class Tok>
+void check_embedding(index_t n, index_t vocab, index_t d) {
+  std::vector<Tok> tokens(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i) tokens[std::size_t(i)] = Tok((i * 7919 + i / 3) % vocab);  // repeats, unordered
+  if (n > 2) tokens[2] = tokens[0];
+  const auto table = random_vector<P>(std::size_t(vocab * d), 30);
+  const auto dout = random_vector<float>(std::size_t(n * d), 31);
+  std::vector<float> out(std::size_t(n * d)), dtable = random_vector<float>(std::size_t(vocab * d), 32);
+  auto gtok = upload(tokens);
+  auto gtable = upload(table);
+  auto gout = upload(out), gdout = upload(dout), gdtable = upload(dtable);
+  ops::embedding_forward(host{}, make_view(tokens.data(), n), make_view(table.data(), vocab, d), make_view(out.data(), n, d));
+  ops::embedding_backward(host{}, make_view(tokens.data(), n), make_view(dout.data(), n, d), make_view(dtable.data(), vocab, d));
+  ops::embedding_workspace ws;
+  ops::embedding_forward(loom::cuda{}, mview(gtok, n), cview(gtable, vocab, d), mview(gout, n, d), ws);
+  ops::embedding_backward(loom::cuda{}, mview(gtok, n), cview(gdout, n, d), mview(gdtable, vocab, d));
+  CHECK(download(gout) == out);
+  CHECK(download(gdtable) == dtable);  // token order on both sides: the same bits
+}
+
+}  // namespace
+
+TEST_CASE("embedding forward and backward on the GPU equal the host's bit for bit; a bad id is named") {
+  for (auto [n, vocab, d] : {std::tuple<index_t, index_t, index_t>{1, 1, 1}, {37, 11, 130}, {1000, 257, 64}, {64, 50000, 4096}}) {
+    CAPTURE(n);
+    CAPTURE(vocab);
+    CAPTURE(d);
+    check_embedding<float, std::int32_t>(n, vocab, d);
+    check_embedding<loom::bfloat16, std::int64_t>(n, vocab, d);
+  }
+  const std::vector<std::int32_t> tokens{0, 3, 9, -1};
+  auto gtok = upload(tokens);
+  loom::buffer<float, loom::cuda> table(36), out(36);
+  ops::embedding_workspace ws;
+  CHECK_THROWS_WITH_AS(ops::embedding_forward(loom::cuda{}, mview(gtok, 4), cview(table, 4, 9), mview(out, 4, 9), ws),
+                       doctest::Contains("token id 9 at position 2 is outside the vocabulary [0, 4)"), loom::error);
+}
+
+TEST_CASE("gelu forward and backward on the GPU equal the host's (erf and tanh forms)") {
+  const index_t n = 70001;
+  const auto x = random_vector<float>(std::size_t(n), 33, 3.f), dy = random_vector<float>(std::size_t(n), 34);
+  for (auto approx : {ops::gelu_approx::none, ops::gelu_approx::tanh}) {
+    CAPTURE(int(approx));
+    std::vector<float> y(x.size()), dx = random_vector<float>(x.size(), 35);
+    auto gx = upload(x), gdy = upload(dy), gy = upload(y), gdx = upload(dx);
+    ops::gelu_forward(host{}, make_view(x.data(), n), make_view(y.data(), n), approx);
+    ops::gelu_backward(host{}, make_view(dy.data(), n), make_view(x.data(), n), make_view(dx.data(), n), approx);
+    ops::gelu_forward(loom::cuda{}, cview(gx, n), mview(gy, n), approx);
+    ops::gelu_backward(loom::cuda{}, cview(gdy, n), cview(gx, n), mview(gdx, n), approx);
+    require_close(download(gy), y, rtol32, atol32, "gelu");
+    require_close(download(gdx), dx, rtol32, atol32, "gelu dx");
   }
 }
 

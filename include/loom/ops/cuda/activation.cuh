@@ -1,7 +1,7 @@
 #pragma once
-// SwiGLU forward and backward on a CUDA device. Mirror of ops/host/activation.hpp; the element
-// math is ops/math/activation.hpp's (the functions the host kernels call). Grid-stride loops,
-// asynchronous on `stream`.
+// SwiGLU and GeLU forward and backward on a CUDA device. Mirror of ops/host/activation.hpp; the
+// element math is ops/math/activation.hpp's (the functions the host kernels call). Grid-stride
+// loops, asynchronous on `stream`.
 
 #include <loom/core/cuda/error.hpp>
 #include <loom/core/device.hpp>
@@ -34,6 +34,21 @@ __global__ void swiglu_backward(const T* __restrict__ dout, const T* __restrict_
   }
 }
 
+template <class T>
+__global__ void gelu_forward(const T* __restrict__ x, T* __restrict__ y, index_t n, gelu_approx approx) {
+  for (index_t i = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<index_t>(blockDim.x) * gridDim.x)
+    y[i] = approx == gelu_approx::none ? math::gelu_erf(x[i]) : math::gelu_tanh(x[i]);
+}
+
+template <class T>
+__global__ void gelu_backward(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, index_t n,
+                              gelu_approx approx) {
+  for (index_t i = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<index_t>(blockDim.x) * gridDim.x)
+    dx[i] += approx == gelu_approx::none ? math::gelu_erf_grad(dy[i], x[i]) : math::gelu_tanh_grad(dy[i], x[i]);
+}
+
 }  // namespace kernels
 
 /// out = silu(a) * b over device vectors of one length.
@@ -58,6 +73,30 @@ void swiglu_backward(cuda, device_in_view<T, 1> dout, device_in_view<T, 1> a, de
   if (n == 0) return;
   kernels::swiglu_backward<<<kernels::grid_for(n, kernels::elementwise_block), kernels::elementwise_block, 0, stream>>>(
       dout.data(), a.data(), b.data(), da.data(), db.data(), n, accumulate);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+/// y = gelu(x) (erf form, or the tanh approximation)
+template <compute_type T>
+void gelu_forward(cuda, device_in_view<T, 1> x, tensor_view<T, cuda, 1> y, gelu_approx approx = gelu_approx::none,
+                  cudaStream_t stream = nullptr) {
+  const index_t n = x.numel();
+  detail::require_same_length("ops::gelu_forward(cuda)", n, x, y);
+  if (n == 0) return;
+  kernels::gelu_forward<<<kernels::grid_for(n, kernels::elementwise_block), kernels::elementwise_block, 0, stream>>>(
+      x.data(), y.data(), n, approx);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+/// dx += dy * gelu'(x)
+template <compute_type T>
+void gelu_backward(cuda, device_in_view<T, 1> dy, device_in_view<T, 1> x, tensor_view<T, cuda, 1> dx,
+                   gelu_approx approx = gelu_approx::none, cudaStream_t stream = nullptr) {
+  const index_t n = x.numel();
+  detail::require_same_length("ops::gelu_backward(cuda)", n, dy, x, dx);
+  if (n == 0) return;
+  kernels::gelu_backward<<<kernels::grid_for(n, kernels::elementwise_block), kernels::elementwise_block, 0, stream>>>(
+      dy.data(), x.data(), dx.data(), n, approx);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
