@@ -11,8 +11,9 @@
 // normalised, projected to logits and sampled. All activation buffers are sized once, for the
 // scheduler's token budget: the step loop allocates nothing but the scheduler's small vectors.
 //
-// Layers: the decoder's own (llama3d::stage_layers at tp = 1, one pipeline stage, built from
-// the one llama::config over the one flat parameter buffer the loaders fill): the embedding,
+// Layers: the decoder's own (llama3d::stage_layers at the tensor group's size, one pipeline
+// stage, built from the one llama::config over the flat parameter buffer the loaders fill,
+// or this rank's slice of it): the embedding,
 // RMSNorms, nn::attention::forward_cached (q/k/v projections and their biases, rotary at each
 // token's position, output projection) with the paged-KV append and attention in place of
 // the training attention, nn::swiglu_mlp's forward without kept activations, and the output
@@ -21,6 +22,16 @@
 // the same whatever the batch it is computed in (loom's sgemm kernels; on the BLAS path of
 // CPUs without AVX2 only within rounding), so paged, batched and one-token runs agree bit for
 // bit.
+//
+// Tensor parallelism (docs/kv.md, "Tensor-parallel engine"): llama_paged<C> on rank r of a
+// tensor group C holds the layers at tp = C's size: its slice of the weights (cut from the
+// full flat buffer by the layout's shards; norms replicated), its query and key/value heads
+// (the pool holds n_kv_heads / tp heads), its columns of the MLP and its rows of the
+// vocabulary. The layers' own collectives sum the row-parallel outputs and the embedding;
+// the output projection gives this rank's vocabulary columns of the logits, and an
+// all-gather makes the full rows (every rank the same bits), which rank 0 samples.
+// kv::engine broadcasts rank 0's plan each step (group()). At tp = 1 (self_comm, the default)
+// the model reads the caller's weights in place and its collectives do nothing.
 //
 // LoRA adapters (llama_lora.hpp): the model may serve several over its base; a request names
 // one (kv::request::adapter, 1-based; 0: the base), and the rows of each adapter present in a
@@ -50,46 +61,64 @@ namespace llama {
 
 using engine_config = loom::kv::engine_config;
 
-/// The decoder as loom::kv::engine's model (kv::paged_model).
+/// The decoder as loom::kv::engine's model (kv::paged_model), on one rank of a tensor group C.
+template <loom::comm::communicator C = loom::comm::self_comm>
 class llama_paged {
  public:
-  /// w must outlive the model (its norms and embedding are read from it on every step).
+  /// One rank: w must outlive the model (its norms and embedding are read from it on every step).
   /// `adapters` are served as adapters 1, 2, ... (each must fit the base; names unique).
   explicit llama_paged(const flat_weights& w, std::vector<served_adapter> adapters = {})
-      : w_(&w), layers_(w.cfg, {}, llama3d::split_layers(w.cfg.n_layers, 1, 0), true, true), adapters_(std::move(adapters)) {
-    w.cfg.validate();
-    LOOM_CHECK(w.params.size() == layers_.layout.size(), "llama_engine: the weights hold ", w.params.size(),
-               " parameters, the layout of their config ", layers_.layout.size());
-    for (std::size_t l = 0; l < layers_.blocks.size(); ++l) {
-      const auto& b = layers_.blocks[l];
-      const auto p = unit(layers_.first_block_unit + l);
-      packed_.push_back({b.attention.pack(p), b.feed_forward.pack(p)});
-    }
-    classifier_ = loom::ops::packed_weight(layers_.output.local().weight().in(unit(layers_.output_unit)));
-    check_adapters();
+    requires std::same_as<C, loom::comm::self_comm>
+      : llama_paged(w.cfg, self_, std::move(adapters)) {
+    use(w.params.span(), loom::default_resource<loom::host>());
   }
 
-  const llama::config& config() const noexcept { return w_->cfg; }
-  std::int64_t vocab() const noexcept { return w_->cfg.vocab; }
-  std::int64_t max_context() const noexcept { return w_->cfg.seq_len; }
+  /// Rank tp.rank() of a tensor group: this rank's slice of `full` (the whole model in the
+  /// single-rank layout; it may go once the model is made) is copied into memory from `mr`,
+  /// which also holds the packed weights: everything this rank keeps of the model. Refuses
+  /// (loom::error) a model whose heads, key/value heads, hidden units or vocabulary tp does
+  /// not divide.
+  llama_paged(const flat_weights& full, C& tp, loom::memory_resource& mr = loom::default_resource<loom::host>())
+      : llama_paged(checked_split(full.cfg, tp.size()), tp, {}) {
+    LOOM_CHECK(full.params.size() == full.layout.size(), "llama_engine: the weights hold ", full.params.size(),
+               " parameters, the layout of their config ", full.layout.size());
+    slice_ = loom::buffer<float>(layers_.layout.size(), mr);
+    std::fill(slice_.begin(), slice_.end(), 0.f);  // the layout's alignment padding
+    loom::nn::tp::load_shards(layers_.shards, full.params.span(), slice_.span(),
+                              [&](const std::string& name) { return full.layout.find(name).offset; });
+    use(slice_.span(), mr);
+  }
+  llama_paged(const llama_paged&) = delete;  // holds a pointer to its own communicator at tp = 1
+  llama_paged& operator=(const llama_paged&) = delete;
+
+  const llama::config& config() const noexcept { return cfg_; }
+  std::int64_t vocab() const noexcept { return cfg_.vocab; }
+  std::int64_t max_context() const noexcept { return cfg_.seq_len; }
+  /// The tensor group (kv::grouped_model): rank 0 schedules and samples, the others follow.
+  C& group() noexcept { return *tp_; }
   /// The LoRA adapters served over the base: adapter i (1-based) of a request is adapters()[i - 1].
   std::size_t num_adapters() const noexcept { return adapters_.size(); }
   const std::vector<served_adapter>& adapters() const noexcept { return adapters_; }
+  /// This rank's part of the pool: its key/value heads of every layer.
   loom::kv::kv_cache_shape kv_shape(std::int32_t num_blocks, std::int32_t block_size) const {
-    return {static_cast<std::int32_t>(w_->cfg.n_layers), num_blocks, block_size, static_cast<std::int32_t>(w_->cfg.n_kv_heads),
-            static_cast<std::int32_t>(w_->cfg.head_dim())};
+    return {static_cast<std::int32_t>(cfg_.n_layers), num_blocks, block_size,
+            static_cast<std::int32_t>(cfg_.n_kv_heads / tp_->size()), static_cast<std::int32_t>(cfg_.head_dim())};
   }
   /// Activation buffers for up to `tokens` tokens and `seqs` sampled rows, sized once.
   void reserve(std::int32_t tokens, std::int32_t seqs) {
-    const auto T = static_cast<std::size_t>(tokens), S = static_cast<std::size_t>(seqs), D = static_cast<std::size_t>(w_->cfg.dim);
+    const auto T = static_cast<std::size_t>(tokens), S = static_cast<std::size_t>(seqs), D = static_cast<std::size_t>(cfg_.dim);
     x_ = loom::buffer<float>(T * D);
     xb_ = loom::buffer<float>(T * D);
     h_ = loom::buffer<float>(T * D);
     rstd_ = loom::buffer<float>(T);
     last_ = loom::buffer<float>(S * D);
+    if (tp_->size() > 1) {  // this rank's vocabulary columns, and every rank's
+      local_logits_ = loom::buffer<float>(S * static_cast<std::size_t>(layers_.output.local_out_features()));
+      gathered_ = loom::buffer<float>(local_logits_.size() * static_cast<std::size_t>(tp_->size()));
+    }
     index_t rank = 0;
     for (const auto& a : adapters_) rank = std::max(rank, a.rank());
-    if (!adapters_.empty()) lora_.reserve(tokens, std::max<index_t>(w_->cfg.dim, w_->cfg.hidden_dim), rank);
+    if (!adapters_.empty()) lora_.reserve(tokens, std::max<index_t>(cfg_.dim, cfg_.hidden_dim), rank);
   }
 
   /// The plan's tokens through the layers; the logits of the sampled rows into `logits`.
@@ -100,12 +129,12 @@ class llama_paged {
     using loom::index_t;
     using loom::make_view;
     namespace ops = loom::ops;
-    const index_t T = plan.num_tokens(), D = w_->cfg.dim;
+    const index_t T = plan.num_tokens(), D = cfg_.dim;
     const std::span<const std::int64_t> positions(plan.positions.data(), static_cast<std::size_t>(T));
     auto x = make_view(x_.data(), T, D), xb = make_view(xb_.data(), T, D), h = make_view(h_.data(), T, D);
     const auto cx = make_view(static_cast<const float*>(x_.data()), T, D);
     auto rstd = make_view(rstd_.data(), T);
-    layers_.tok_embeddings.forward(self_, unit(layers_.embedding_unit), make_view(plan.token_ids.data(), T), x);
+    layers_.tok_embeddings.forward(*tp_, unit(layers_.embedding_unit), make_view(plan.token_ids.data(), T), x);
     if (!adapters_.empty()) lora_.plan(plan);
     for (std::size_t l = 0; l < layers_.blocks.size(); ++l) {
       const auto& b = layers_.blocks[l];
@@ -125,11 +154,11 @@ class llama_paged {
       b.forward(p, {cx, xb, rstd, h, xb, rstd, x},
                 [&](auto xn, auto y) {
                   ws_.reset();
-                  b.attention.forward_cached(self_, packed_[l].attention, xn, positions, paged, y, ws_, lora);
+                  b.attention.forward_cached(*tp_, packed_[l].attention, xn, positions, paged, y, ws_, lora);
                 },
                 [&](auto xn, auto y) {
                   ws_.reset();
-                  b.feed_forward.forward(self_, packed_[l].mlp, xn, y, ws_, lora);
+                  b.feed_forward.forward(*tp_, packed_[l].mlp, xn, y, ws_, lora);
                 });
     }
     // Logits only for the rows that are sampled: the last row of each finishing chunk.
@@ -143,8 +172,21 @@ class llama_paged {
     auto xf = make_view(xb_.data(), rows, D);
     layers_.norm.forward(unit(layers_.head_unit), make_view(static_cast<const float*>(last_.data()), rows, D), xf,
                          make_view(rstd_.data(), rows));
-    ops::gemm(host{}, make_view(static_cast<const float*>(xb_.data()), rows, D), classifier_,
-              make_view(logits.data(), rows, w_->cfg.vocab));
+    const auto xf_rows = make_view(static_cast<const float*>(xb_.data()), rows, D);
+    if (tp_->size() == 1) {
+      ops::gemm(host{}, xf_rows, classifier_, make_view(logits.data(), rows, cfg_.vocab));
+      return rows;
+    }
+    // The vocabulary-parallel head: this rank's columns [rows, vocab/tp], gathered from every
+    // rank as [tp, rows, vocab/tp] and laid out as full rows [rows, vocab].
+    const index_t Vl = layers_.output.local_out_features();
+    const auto local = local_logits_.span().subspan(0, static_cast<std::size_t>(rows * Vl));
+    ops::gemm(host{}, xf_rows, classifier_, make_view(local.data(), rows, Vl));
+    const auto all = gathered_.span().subspan(0, local.size() * static_cast<std::size_t>(tp_->size()));
+    tp_->all_gather(std::span<const float>(local), all);
+    for (int k = 0; k < tp_->size(); ++k)
+      for (index_t r = 0; r < rows; ++r)
+        std::copy_n(all.data() + (k * rows + r) * Vl, Vl, logits.data() + r * cfg_.vocab + k * Vl);
     return rows;
   }
 
@@ -154,7 +196,36 @@ class llama_paged {
     loom::nn::attention<float>::packed attention;
     loom::nn::swiglu_mlp<float>::packed mlp;
   };
-  std::span<const float> unit(std::size_t u) const { return layers_.layout.unit(w_->params.span(), u); }
+  // Both constructors: this rank's layers (one pipeline stage), then use() their weights.
+  llama_paged(const llama::config& c, C& tp, std::vector<served_adapter> adapters)
+      : cfg_((c.validate(), c)), tp_(&tp),
+        layers_(c, loom::nn::tp::tp_rank::of(tp), llama3d::split_layers(c.n_layers, 1, 0), true, true),
+        adapters_(std::move(adapters)) {}
+  // The layers read `params` (in their layout); the projections are packed from it into `mr`.
+  void use(std::span<const float> params, loom::memory_resource& mr) {
+    LOOM_CHECK(params.size() == layers_.layout.size(), "llama_engine: the weights hold ", params.size(),
+               " parameters, the layout of their config ", layers_.layout.size());
+    params_ = params;
+    pack(mr);
+  }
+  static const llama::config& checked_split(const llama::config& c, int tp) {
+    llama3d::check_tensor_split(c, tp);
+    LOOM_CHECK(c.n_kv_heads % tp == 0, "llama_engine: n_kv_heads (", c.n_kv_heads, ") must be divisible by tp (", tp,
+               "): each rank's KV cache holds its own key/value heads");
+    return c;
+  }
+  // The blocks' projections and the output projection packed once for the GEMMs, from `mr`.
+  void pack(loom::memory_resource& mr) {
+    for (std::size_t l = 0; l < layers_.blocks.size(); ++l) {
+      const auto& b = layers_.blocks[l];
+      const auto p = unit(layers_.first_block_unit + l);
+      packed_.push_back({b.attention.pack(p, mr), b.feed_forward.pack(p, mr)});
+    }
+    classifier_ =
+        loom::ops::packed_weight(layers_.output.local().weight().in(unit(layers_.output_unit)), loom::ops::host_sgemm_kernel(), mr);
+    check_adapters();
+  }
+  std::span<const float> unit(std::size_t u) const { return layers_.layout.unit(params_, u); }
   // Every adapter's factors against the base's packed weights: [r, in] and [out, r] of the
   // projection they adapt (an adapter made for another base is refused naming it).
   void check_adapters() const {
@@ -163,8 +234,8 @@ class llama_paged {
       const served_adapter& a = adapters_[i];
       for (std::size_t j = 0; j < i; ++j)
         LOOM_CHECK(adapters_[j].name() != a.name(), "llama_engine: two adapters are called '", a.name(), "'");
-      LOOM_CHECK(a.layers() == w_->cfg.n_layers, "llama_engine: adapter '", a.name(), "' has ", a.layers(),
-                 " layers, the base ", w_->cfg.n_layers);
+      LOOM_CHECK(a.layers() == cfg_.n_layers, "llama_engine: adapter '", a.name(), "' has ", a.layers(),
+                 " layers, the base ", cfg_.n_layers);
       for (std::size_t l = 0; l < packed_.size(); ++l) {
         const auto& at = packed_[l].attention;
         const auto& ff = packed_[l].mlp;
@@ -185,9 +256,12 @@ class llama_paged {
     }
   }
 
-  const flat_weights* w_;
-  llama3d::stage_layers<float> layers_;  // the decoder's layers over w_->params (tp = 1, one stage)
-  loom::comm::self_comm self_;
+  llama::config cfg_;
+  loom::comm::self_comm self_;           // the group at tp = 1
+  C* tp_;
+  llama3d::stage_layers<float> layers_;  // this rank's layers of the decoder (one stage)
+  loom::buffer<float> slice_;            // the tensor-group constructor: this rank's slice of the weights
+  std::span<const float> params_;        // the layers' flat buffer: the caller's (one rank) or slice_
   std::vector<packed_block> packed_;  // the blocks' weights, packed once for the GEMMs
   loom::ops::packed_weight classifier_;
   loom::nn::workspace<float> ws_;  // a layer's q, k, v, attention output / MLP hidden units
@@ -195,16 +269,24 @@ class llama_paged {
   loom::buffer<float> x_, xb_, h_;  // [tokens, dim]: residual stream, a branch's input, the stream after attention
   loom::buffer<float> rstd_;        // [tokens]
   loom::buffer<float> last_;        // [seqs, dim]: the sampled rows
+  loom::buffer<float> local_logits_;  // tp > 1: [seqs, vocab/tp], this rank's columns
+  loom::buffer<float> gathered_;      // tp > 1: [tp, seqs, vocab/tp]
   std::vector<served_adapter> adapters_;  // LoRA adapters 1, 2, ... over the base
   lora_batch lora_;                       // this step's rows by adapter
 };
 
-template <loom::kv::kv_element KV = float>
-class llama_engine : public loom::kv::engine<llama_paged, KV> {
+template <loom::kv::kv_element KV = float, loom::comm::communicator C = loom::comm::self_comm>
+class llama_engine : public loom::kv::engine<llama_paged<C>, KV> {
  public:
   /// w must outlive the engine. `adapters`: LoRA adapters served over w, as adapters 1, 2, ...
   llama_engine(const flat_weights& w, engine_config cfg, std::vector<served_adapter> adapters = {})
-      : loom::kv::engine<llama_paged, KV>(cfg, w, std::move(adapters)) {}
+    requires std::same_as<C, loom::comm::self_comm>
+      : loom::kv::engine<llama_paged<C>, KV>(cfg, w, std::move(adapters)) {}
+  /// Rank tp.rank() of a tensor-parallel engine: every rank of `tp` makes it with the same
+  /// weights and config; rank 0 takes the requests and steps (generate), the others call
+  /// follow() until rank 0 calls stop_followers(). `mr`: this rank's weight memory.
+  llama_engine(const flat_weights& full, C& tp, engine_config cfg, loom::memory_resource& mr = loom::default_resource<loom::host>())
+      : loom::kv::engine<llama_paged<C>, KV>(cfg, full, tp, mr) {}
   const llama::config& model_config() const noexcept { return this->model().config(); }
   /// The adapters' names, in adapter order (what a request's `model` field names).
   std::vector<std::string> adapter_names() const {

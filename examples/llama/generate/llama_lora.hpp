@@ -143,13 +143,12 @@ class lora_batch {
   void plan(const loom::kv::step_plan& plan) {
     ids_.clear(), rows_.clear(), begin_.clear();
     for (const auto& c : plan.chunks)
-      if (c.seq->req.adapter != 0 && std::find(ids_.begin(), ids_.end(), c.seq->req.adapter) == ids_.end())
-        ids_.push_back(c.seq->req.adapter);
+      if (c.adapter != 0 && std::find(ids_.begin(), ids_.end(), c.adapter) == ids_.end()) ids_.push_back(c.adapter);
     std::sort(ids_.begin(), ids_.end());
     for (const std::int32_t a : ids_) {
       begin_.push_back(rows_.size());
       for (std::size_t b = 0; b < plan.chunks.size(); ++b)
-        if (plan.chunks[b].seq->req.adapter == a)
+        if (plan.chunks[b].adapter == a)
           for (index_t r = plan.qo_indptr[b]; r < plan.qo_indptr[b + 1]; ++r) rows_.push_back(r);
     }
     begin_.push_back(rows_.size());

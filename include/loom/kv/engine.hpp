@@ -10,11 +10,21 @@
 // sampler and this loop are the same for every decoder; a model only says how its layers
 // run a plan (examples/llama/generate/llama_engine.hpp is one). The engine is
 // single-threaded; a server drives it from one thread (loom/serve/http_server.hpp).
+//
+// A model split over ranks (tensor parallel: each rank holds a slice of the weights and its
+// key/value heads of the pool) says so with group(), the communicator over its ranks. Every
+// rank then builds the same engine (the same pool, so block ids mean the same everywhere);
+// rank 0 of the group takes the requests, schedules, samples and broadcasts each step's
+// plan (plan_broadcast.hpp) before running it, and the other ranks call follow(), which runs
+// the plans it receives until rank 0 calls stop_followers(). Sampling needs the full logit
+// rows on rank 0 only, but the model gives them on every rank (its collectives are the
+// same on all of them).
 
 #include <loom/core/buffer.hpp>
 #include <loom/core/error.hpp>
 #include <loom/kv/block_allocator.hpp>
 #include <loom/kv/paged_kv_cache.hpp>
+#include <loom/kv/plan_broadcast.hpp>
 #include <loom/kv/sampler.hpp>
 #include <loom/kv/scheduler.hpp>
 
@@ -23,6 +33,7 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -49,6 +60,11 @@ concept paged_model = requires(M& m, const M& cm, const step_plan& plan, paged_k
   m.reserve(n, n);
   { m.forward(plan, cache, logits) } -> std::convertible_to<std::int64_t>;
 };
+
+/// A paged_model whose ranks run every step together.
+/// Requires: group() (the communicator over the model's ranks; rank 0 leads).
+template <class M>
+concept grouped_model = requires(M& m) { requires comm::communicator<std::remove_cvref_t<decltype(m.group())>>; };
 
 template <class Model, kv_element KV = float>
   requires paged_model<Model, KV>
@@ -88,6 +104,7 @@ class engine {
   /// Queues a request (token ids are checked against the vocabulary, its adapter against the
   /// model's: num_adapters() of a model that serves LoRA adapters, none otherwise).
   void add(request r) {
+    check_leader("add");
     std::int32_t adapters = 0;
     if constexpr (requires { model_.num_adapters(); }) adapters = static_cast<std::int32_t>(model_.num_adapters());
     LOOM_CHECK(r.adapter >= 0 && r.adapter <= adapters, "kv::engine::add: request ", r.id, " has adapter=", r.adapter,
@@ -100,26 +117,47 @@ class engine {
   void cancel(std::uint64_t id) { sched_.cancel(id); }
   bool has_work() const noexcept { return sched_.has_work(); }
 
-  /// Runs one scheduler step; returns the tokens produced.
+  /// Whether this rank schedules and samples: rank 0 of a grouped model's ranks (a model on
+  /// one rank always). The other ranks follow().
+  bool leader() {
+    if constexpr (grouped_model<Model>) return model_.group().rank() == 0;
+    return true;
+  }
+
+  /// Runs one scheduler step; returns the tokens produced. The leader only.
   const std::vector<token_event>& step() {
+    check_leader("step");
     const step_plan& plan = sched_.schedule();
     LOOM_CHECK(!plan.empty() || !sched_.has_work(), "kv::engine::step: the scheduler made no progress with ",
                sched_.num_waiting(), " waiting and ", sched_.num_running(), " running sequences");
-    for (auto c : plan.copies) cache_.copy_block(c.src, c.dst);
+    if constexpr (grouped_model<Model>)
+      if (model_.group().size() > 1) broadcast_plan(model_.group(), plan, wire_);
+    const std::int64_t rows = run(plan), V = model_.vocab();
     sampled_.clear();
-    if (plan.num_tokens() > 0) {
-      const std::int64_t rows = model_.forward(plan, cache_, logits_.span()), V = model_.vocab();
-      std::copy_n(logits_.data(), rows * V, raw_logits_.data());
-      std::int64_t row = 0;
-      for (const auto& c : plan.chunks) {
-        if (!c.samples) continue;
-        std::span<float> l(logits_.data() + row++ * V, static_cast<std::size_t>(V));
-        sampled_.push_back(sampler_.sample(l, c.seq->req.sampling, c.seq->tokens, static_cast<std::int64_t>(c.seq->tokens.size())));
-      }
+    std::copy_n(logits_.data(), rows * V, raw_logits_.data());
+    std::int64_t row = 0;
+    for (const auto& c : plan.chunks) {
+      if (!c.samples) continue;
+      std::span<float> l(logits_.data() + row++ * V, static_cast<std::size_t>(V));
+      sampled_.push_back(sampler_.sample(l, c.seq->req.sampling, c.seq->tokens, static_cast<std::int64_t>(c.seq->tokens.size())));
     }
-    ++steps_;
-    tokens_computed_ += plan.num_tokens();
     return sched_.commit(sampled_);
+  }
+
+  /// Ranks other than the leader: runs the leader's plans, one per step() there, until the
+  /// leader calls stop_followers().
+  void follow()
+    requires grouped_model<Model>
+  {
+    LOOM_CHECK(!leader(), "kv::engine::follow: rank 0 of the model's group leads (it calls step()); only the others follow");
+    while (receive_plan(model_.group(), received_, wire_)) run(received_);
+  }
+  /// The leader: the followers' follow() returns (after the last step, before the group ends).
+  void stop_followers()
+    requires grouped_model<Model>
+  {
+    check_leader("stop_followers");
+    if (model_.group().size() > 1) broadcast_stop(model_.group());
   }
 
   /// Runs the given requests to completion; returns each request's generated tokens.
@@ -133,6 +171,17 @@ class engine {
   }
 
  private:
+  // The plan's block copies, then its tokens through the model; returns the sampled rows.
+  std::int64_t run(const step_plan& plan) {
+    for (auto c : plan.copies) cache_.copy_block(c.src, c.dst);
+    ++steps_;
+    tokens_computed_ += plan.num_tokens();
+    return plan.num_tokens() > 0 ? model_.forward(plan, cache_, logits_.span()) : 0;
+  }
+  void check_leader(const char* what) {
+    LOOM_CHECK(leader(), "kv::engine::", what, ": this rank follows rank 0's plans (follow()); requests and steps go to rank 0");
+  }
+
   static engine_config clamp(engine_config cfg, std::int64_t context) {
     if (cfg.scheduler.max_model_len > context) cfg.scheduler.max_model_len = static_cast<std::int32_t>(context);
     if (cfg.scheduler.max_num_seqs > cfg.scheduler.max_num_batched_tokens)
@@ -150,6 +199,8 @@ class engine {
   buffer<float> raw_logits_;  // [seqs, vocab] before penalties and temperature
   std::vector<token_id> sampled_;
   std::int64_t tokens_computed_ = 0, steps_ = 0;
+  std::vector<std::uint8_t> wire_;  // a grouped model's plan as bytes
+  step_plan received_;              // followers: the leader's plan of this step
 };
 
 }  // namespace loom::kv

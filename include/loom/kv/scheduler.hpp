@@ -105,12 +105,16 @@ struct sequence {
 };
 
 /// Tokens [start, start + len) of `seq` are computed this step; if `samples`, the step ends at
-/// the sequence's last token and the logits of that row give its next token.
+/// the sequence's last token and the logits of that row give its next token. A model reads
+/// only the chunk's own fields (start, len, samples, adapter), never `seq`: that is the
+/// scheduler's and the sampler's, and a plan received from another rank has none
+/// (plan_broadcast.hpp).
 struct scheduled_chunk {
   sequence* seq = nullptr;
   std::int64_t start = 0;
   std::int32_t len = 0;
   bool samples = false;
+  std::int32_t adapter = 0;  ///< the request's LoRA adapter (0: the base)
   bool is_decode() const noexcept { return len == 1 && start >= seq->prompt_len; }
 };
 
@@ -354,7 +358,7 @@ class scheduler {
 
   void push_chunk(sequence& s, std::int32_t len) {
     const bool samples = s.num_computed + len == static_cast<std::int64_t>(s.tokens.size());
-    plan_.chunks.push_back({&s, s.num_computed, len, samples});
+    plan_.chunks.push_back({&s, s.num_computed, len, samples, s.req.adapter});
     scheduled_.push_back(&s);
   }
 

@@ -262,17 +262,17 @@ class attention {
   // ---- forward only, over a key/value cache (inference) ----------------------------------
   /// The projections packed once for the GEMMs that read them (ops::packed_weight), from
   /// this layer's parameters in `params` (fp32), and the q/k/v biases (views of params; empty
-  /// when the layer has none). An output bias (bias=true) is refused: no decoder run this
-  /// way has one.
+  /// when the layer has none). The packed copies come from `mr`. An output bias (bias=true)
+  /// is refused: no decoder run this way has one.
   struct packed {
     ops::packed_weight wq, wk, wv, wo;
     std::span<const float> bq, bk, bv;
   };
-  packed pack(std::span<const float> params) const
+  packed pack(std::span<const float> params, memory_resource& mr = default_resource<host>()) const
     requires std::same_as<T, float>
   {
     LOOM_CHECK(!cfg_.bias, "nn::attention::pack: the forward-only path has no output bias, and this layer has bias=true");
-    auto p = [&](const linear<T>& l) { return ops::packed_weight(l.weight().in(params)); };
+    auto p = [&](const linear<T>& l) { return ops::packed_weight(l.weight().in(params), ops::host_sgemm_kernel(), mr); };
     auto b = [&](const linear<T>& l) {
       return l.bias() ? std::span<const float>(l.bias()->in(params).data(), l.bias()->numel()) : std::span<const float>{};
     };

@@ -119,14 +119,15 @@ class swiglu_mlp {
   }
 
   /// Forward only (inference): the weights packed once for the GEMMs that read them
-  /// (ops::packed_weight), from this MLP's parameters in `params` (fp32).
+  /// (ops::packed_weight), from this MLP's parameters in `params` (fp32); the packed copies
+  /// come from `mr` (so that a rank's weight memory is counted in one place).
   struct packed {
     ops::packed_weight w1, w2, w3;
   };
-  packed pack(std::span<const float> params) const
+  packed pack(std::span<const float> params, memory_resource& mr = default_resource<host>()) const
     requires std::same_as<T, float>
   {
-    auto p = [&](const linear<T>& l) { return ops::packed_weight(l.weight().in(params)); };
+    auto p = [&](const linear<T>& l) { return ops::packed_weight(l.weight().in(params), ops::host_sgemm_kernel(), mr); };
     return {p(w1_), p(w2_), p(w3_)};
   }
   /// y [rows, dim] = mlp(x [rows, dim]) summed over tp, keeping no activations (scratch from

@@ -9,6 +9,7 @@
 // the BLAS path (no AVX2) that does not hold and the token comparison is skipped by name.
 #include <doctest/doctest.h>
 
+#include "engine_requests.hpp"
 #include "llama_engine.hpp"
 
 #include <support/sgemm_kernels.hpp>
@@ -94,25 +95,7 @@ std::vector<token_id> reference_generate(const flat_weights& w, std::vector<toke
   return out;
 }
 
-std::vector<request> make_requests(const config& c, int n) {
-  loom::counter_rng rng(77);
-  std::uint64_t k = 0;
-  auto rnd = [&](int m) { return static_cast<int>(rng.bits(k++) % static_cast<std::uint32_t>(m)); };
-  std::vector<token_id> system_prompt;  // shared by half of the requests: prefix-cache hits
-  for (int i = 0; i < 40; ++i) system_prompt.push_back(rnd(static_cast<int>(c.vocab)));
-  std::vector<request> reqs;
-  for (int i = 0; i < n; ++i) {
-    request r;
-    r.id = static_cast<std::uint64_t>(i);
-    if (i % 2 == 0) r.prompt = system_prompt;
-    for (int j = 0, m = 1 + rnd(50); j < m; ++j) r.prompt.push_back(rnd(static_cast<int>(c.vocab)));
-    r.max_new_tokens = 1 + rnd(32);
-    // Two prompts that are exactly two full blocks of the shared prefix: wholly cached.
-    if (i >= n - 2) r.prompt.assign(system_prompt.begin(), system_prompt.begin() + 32);
-    reqs.push_back(r);
-  }
-  return reqs;
-}
+using llama_generate_test::make_requests;
 
 config test_config() {
   config c;
