@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <span>
 #include <vector>
 
 using namespace loom;
@@ -160,4 +162,42 @@ TEST_CASE("paged attention rejects mismatched shapes") {
   CHECK_THROWS_AS(batch_decode_with_paged_kv_cache(host{}, make_view<host>(static_cast<const float*>(q4.data()), 1, 4, 8),
                                                    cache.layer(0), csr, make_view<host>(o4.data(), 1, 4, 8)),
                   loom::error);
+}
+
+TEST_CASE("online-softmax states of split key ranges merge to the one-pass result (the GPU's split-KV arithmetic)") {
+  // attend_row over all keys against attend_row's own steps over [0, cut) and [cut, n) merged
+  // with ops::math::online_softmax_merge, for every cut including the empty ranges; the
+  // oracle for both is naive attention in double.
+  const int n = 37, dim = 12;
+  std::vector<float> q(dim), k(static_cast<std::size_t>(n * dim)), v(k.size());
+  counter_rng(91).fill_normal(std::span<float>(q), 0, 0.f, 1.f);
+  counter_rng(92).fill_normal(std::span<float>(k), 0, 0.f, 2.f);
+  counter_rng(93).fill_normal(std::span<float>(v), 0, 0.f, 1.f);
+  const auto want = naive_attention(q, k, v, 1, n, 1, 1, dim, false);
+  const float scale = 1.f / std::sqrt(float(dim));
+  auto run = [&](int j0, int j1, float& m, float& l, std::vector<float>& acc) {
+    m = -std::numeric_limits<float>::infinity(), l = 0.f;
+    acc.assign(dim, 0.f);
+    for (int j = j0; j < j1; ++j)
+      kv::detail::softmax_step(kv::detail::dot(q.data(), &k[std::size_t(j * dim)], dim) * scale, &v[std::size_t(j * dim)], dim, m, l,
+                           acc.data());
+  };
+  for (int cut = 0; cut <= n; ++cut) {
+    CAPTURE(cut);
+    float m1, l1, m2, l2, c1, c2;
+    std::vector<float> a1, a2;
+    run(0, cut, m1, l1, a1);
+    run(cut, n, m2, l2, a2);
+    ops::math::online_softmax_merge(m1, l1, m2, l2, c1, c2);
+    for (int d = 0; d < dim; ++d) {
+      const double got = double(a1[std::size_t(d)] * c1 + a2[std::size_t(d)] * c2) / l1;
+      CHECK(std::abs(got - want[std::size_t(d)]) <= 1e-5 * (1 + std::abs(want[std::size_t(d)])));
+    }
+  }
+  // two empty ranges stay empty: no NaN from e^(-inf - -inf)
+  float m = -std::numeric_limits<float>::infinity(), l = 0.f, c1 = -1.f, c2 = -1.f;
+  ops::math::online_softmax_merge(m, l, -std::numeric_limits<float>::infinity(), 0.f, c1, c2);
+  CHECK(l == 0.f);
+  CHECK(c1 == 0.f);
+  CHECK(c2 == 0.f);
 }

@@ -1,4 +1,4 @@
-// Every CUDA kernel of ops/cuda and optim/cuda against its host counterpart (the oracle: the
+// Every CUDA kernel of ops/cuda, optim/cuda, kv/cuda and quant/cuda against its host counterpart (the oracle: the
 // host kernels run the same ops/math functions and have their own tests against naive and
 // PyTorch references) on random inputs; GEMM against a naive double-precision product.
 // Labelled `gpu`; without a device the test main skips it by name.
@@ -11,9 +11,16 @@
 //     same rounded operands; a bf16 / fp16 C adds its rounding: rtol 1e-2 (bf16), 2e-3 (fp16)
 //   squared norm (double accumulation on both sides, in another order): rtol 1e-10
 //   embedding forward and backward: exact (a copy, and sums in the host's token order)
+//   NF4 dequantisation: exact (one fp32 multiply per value on both sides)
+//   paged KV append: exact (a copy); paged decode: rtol 1e-5, atol 1e-5 (split-KV and
+//     warp-parallel sums add the same terms in another order)
 #include <loom/core/buffer.hpp>
 #include <loom/core/cuda/memory.hpp>
 #include <loom/core/random.hpp>
+#include <loom/kv/block_allocator.hpp>
+#include <loom/kv/block_table.hpp>
+#include <loom/kv/cuda/paged_attention.cuh>
+#include <loom/kv/paged_attention.hpp>
 #include <loom/ops/cuda/activation.cuh>
 #include <loom/ops/cuda/cross_entropy.cuh>
 #include <loom/ops/cuda/embedding.cuh>
@@ -29,6 +36,8 @@
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/clip.hpp>
 #include <loom/optim/cuda/adamw.cuh>
+#include <loom/quant/cuda/nf4.cuh>
+#include <loom/quant/nf4.hpp>
 
 #include <doctest/doctest.h>
 
@@ -221,6 +230,109 @@ TEST_CASE("gelu forward and backward on the GPU equal the host's (erf and tanh f
     ops::gelu_backward(loom::cuda{}, cview(gdy, n), cview(gx, n), mview(gdx, n), approx);
     require_close(download(gy), y, rtol32, atol32, "gelu");
     require_close(download(gdx), dx, rtol32, atol32, "gelu dx");
+  }
+}
+
+namespace {
+
+/// Sequences of kv_lens tokens in a scrambled pool: keys/values appended on both sides, then
+/// one decode query per sequence; the GPU's pool and output against the host's.
+template <class T>
+void check_paged_decode(std::int32_t block_size, std::int64_t nh, std::int64_t hk, std::int64_t dim,
+                        const std::vector<std::int64_t>& kv_lens) {
+  namespace kv = loom::kv;
+  const auto batch = static_cast<std::int32_t>(kv_lens.size());
+  std::int64_t total = 0;
+  for (auto n : kv_lens) total += n;
+  const std::int32_t num_blocks = static_cast<std::int32_t>(total / block_size + batch + 8);
+  kv::block_allocator alloc(num_blocks, block_size);
+  std::vector<kv::block_id> hold;
+  for (int i = 0; i < 7; ++i) hold.push_back(alloc.allocate());
+  for (int i = 0; i < 7; i += 2) alloc.release(hold[std::size_t(i)]);  // pages out of order
+  std::vector<kv::block_table> tables(static_cast<std::size_t>(batch));
+  kv::paged_kv_csr csr;
+  csr.block_size = block_size;
+  csr.clear();
+  std::vector<std::int32_t> bidx;
+  std::vector<std::int64_t> pos;
+  for (std::int32_t b = 0; b < batch; ++b) {
+    std::vector<kv::block_copy> copies;
+    const bool prepared = tables[std::size_t(b)].prepare_write(alloc, 0, kv_lens[std::size_t(b)], copies);
+    REQUIRE(prepared);
+    csr.push(tables[std::size_t(b)], kv_lens[std::size_t(b)]);
+    for (std::int64_t p = 0; p < kv_lens[std::size_t(b)]; ++p) bidx.push_back(b), pos.push_back(p);
+  }
+  const auto k = random_vector<float>(std::size_t(total * hk * dim), 40), v = random_vector<float>(k.size(), 41);
+  const auto q = random_vector<float>(std::size_t(batch * nh * dim), 42, 2.f);
+  const std::size_t cache_elems = std::size_t(num_blocks) * 2 * std::size_t(block_size * hk * dim);
+  std::vector<T> cache(cache_elems, T(0.f));
+  std::vector<float> out(q.size(), -9.f);
+  auto cache_view = make_view(cache.data(), num_blocks, 2, block_size, hk, dim);
+  kv::append_paged_kv_cache(host{}, make_view(k.data(), total, hk, dim), make_view(v.data(), total, hk, dim), bidx, pos,
+                            cache_view, csr);
+  kv::batch_decode_with_paged_kv_cache(host{}, make_view(q.data(), batch, nh, dim), cache_view, csr,
+                                       make_view(out.data(), batch, nh, dim));
+
+  auto gk = upload(k), gv = upload(v), gq = upload(q);
+  auto gbidx = upload(bidx);
+  auto gpos = upload(pos);
+  auto gcache = upload(std::vector<T>(cache_elems, T(0.f)));
+  auto gout = upload(std::vector<float>(q.size(), -9.f));
+  kv::paged_kv_csr_device dcsr;
+  dcsr.upload(csr);
+  kv::decode_workspace ws;
+  const loom::tensor_view<T, loom::cuda, 5> gcache_view(gcache.data(), loom::extents<5>{num_blocks, 2, block_size, hk, dim});
+  kv::append_paged_kv_cache(loom::cuda{}, cview(gk, total, hk, dim), cview(gv, total, hk, dim), gbidx.data(), gpos.data(),
+                            gcache_view, dcsr);
+  kv::batch_decode_with_paged_kv_cache(loom::cuda{}, cview(gq, batch, nh, dim), gcache_view, dcsr, mview(gout, batch, nh, dim),
+                                       ws);
+  const auto got_cache = download(gcache);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < cache_elems; ++i) differ += static_cast<float>(got_cache[i]) != static_cast<float>(cache[i]);
+  CHECK(differ == 0);
+  require_close(download(gout), out, 1e-5, 1e-5, "paged decode");
+}
+
+}  // namespace
+
+TEST_CASE("paged KV append and split-KV decode on the GPU equal the host's (GQA, fp32 and bf16 pools, long contexts)") {
+  check_paged_decode<float>(16, 4, 4, 64, {1, 17, 300});
+  check_paged_decode<float>(16, 8, 2, 128, {1000, 5, 2600});     // several splits
+  check_paged_decode<loom::bfloat16>(8, 6, 1, 96, {700, 33});    // MQA, a head_dim of 3 lanes
+  check_paged_decode<float>(1, 2, 2, 256, {513});                // one token a block, the largest head_dim
+  loom::kv::paged_kv_csr_device dcsr;
+  loom::kv::decode_workspace ws;
+  loom::buffer<float, loom::cuda> q(2 * 512), cache(2 * 2 * 16 * 512), out(2 * 512);
+  const loom::tensor_view<float, loom::cuda, 5> cv(cache.data(), loom::extents<5>{2, 2, 16, 1, 512});
+  CHECK_THROWS_WITH_AS(loom::kv::batch_decode_with_paged_kv_cache(loom::cuda{}, cview(q, 0, 2, 512), cv, dcsr,
+                                                                  mview(out, 0, 2, 512), ws),
+                       doctest::Contains("head_dim=512 outside the supported [1, 256]"), loom::error);
+}
+
+TEST_CASE("NF4 rows dequantised on the GPU equal the host's bit for bit (plain and double-quantised absmax, fp32 and bf16)") {
+  const index_t rows = 48, cols = 192;
+  auto w = random_vector<float>(std::size_t(rows * cols), 50, 0.05f);
+  for (index_t c = 0; c < 64; ++c) w[std::size_t(5 * cols + c)] = 0.f;  // a block of zeros
+  for (bool dq : {false, true}) {
+    CAPTURE(dq);
+    loom::quant::nf4_options o;
+    o.block_size = 64, o.double_quant = dq, o.absmax_block_size = 32;  // several second-level blocks
+    const loom::quant::nf4_matrix m(make_view(static_cast<const float*>(w.data()), rows, cols), o);
+    std::vector<float> want(w.size());
+    m.dequantize(0, rows, 0, cols, want.data(), cols);
+    const loom::quant::nf4_matrix_device dm(m);
+    CHECK(dm.bytes() == m.bytes());
+    const index_t r0 = 7, r1 = 41;  // a slice of rows
+    loom::buffer<float, loom::cuda> got(std::size_t((r1 - r0) * cols));
+    loom::buffer<loom::bfloat16, loom::cuda> got16(got.size());
+    loom::quant::nf4_dequantize_rows(dm, r0, r1, mview(got, r1 - r0, cols));
+    loom::quant::nf4_dequantize_rows(dm, r0, r1, mview(got16, r1 - r0, cols));
+    const std::vector<float> slice(want.begin() + r0 * cols, want.begin() + r1 * cols);
+    CHECK(download(got) == slice);
+    const auto g16 = download(got16);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < slice.size(); ++i) differ += static_cast<float>(g16[i]) != static_cast<float>(loom::bfloat16(slice[i]));
+    CHECK(differ == 0);
   }
 }
 

@@ -7,6 +7,8 @@
 //   softmax backward: dx_j = y_j (dy_j - sum_k dy_k y_k)
 //   online softmax (one key at a time, FlashAttention's running max m and sum l): a score
 //                  above m rescales what was accumulated by e^(m_old - m_new)
+//   merge of two online-softmax states over disjoint key ranges (split-KV attention): both
+//                  rescaled to the larger max, sums and accumulators added
 
 #include <loom/core/config.hpp>
 #include <loom/ops/math/exp.hpp>
@@ -59,6 +61,19 @@ LOOM_HOST_DEVICE LOOM_FORCE_INLINE bool online_softmax_push(float s, float& m, f
   p = std::exp(s - m);
   l += p;
   return raised;
+}
+
+/// The factors that merge state (m2, l2) into (m, l): afterwards m = max(m, m2) and l is the
+/// sum over both key ranges; an accumulator merges as acc = acc * c1 + acc2 * c2. A state that
+/// has seen no key (m = -inf, l = 0) gets factor 0, so an empty range changes nothing and two
+/// empty ones stay empty (no e^(-inf - -inf) = NaN).
+LOOM_HOST_DEVICE LOOM_FORCE_INLINE void online_softmax_merge(float& m, float& l, float m2, float l2, float& c1,
+                                                            float& c2) noexcept {
+  const float mx = m2 > m ? m2 : m;
+  c1 = l > 0.f ? std::exp(m - mx) : 0.f;
+  c2 = l2 > 0.f ? std::exp(m2 - mx) : 0.f;
+  l = l * c1 + l2 * c2;
+  m = mx;
 }
 
 }  // namespace math
