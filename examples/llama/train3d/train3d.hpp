@@ -71,6 +71,12 @@
 // the engine (unit by unit, the same trace as merging), the passes add the adapters' gradients
 // straight into the engine's accumulation buffer, and afterwards the replicated factor's
 // gradient is summed over the tensor group. Nothing of the base trains (no unfreezing).
+// LoRA dropout (lora_dropout > 0): a merged weight cannot mask the LoRA branch alone, so an
+// fp32 base runs unmerged the same way, a frozen_projection over each adapted layer's own
+// slot in the model's buffer (no W0 copy; dW only when an engine trains the base). Each pass
+// of a micro-batch first sets the context the ops draw their masks from (step, the
+// micro-batch's first token in the global batch: lora_dropout_at), so the masks do not depend
+// on the mesh and a recompute under checkpointing draws the forward's; evaluation: none.
 
 #include "lora3d.hpp"
 
@@ -126,7 +132,7 @@ struct train_options {
   bool checkpointing = false;
   /// 1 (none: fp32, bfloat16), or ds_config's fp16 section (loom::zero::loss_scaler_from)
   loom::amp::any_loss_scaler loss_scaler{loom::amp::static_loss_scaler(1.f)};
-  /// LoRA adapters on a frozen base (PEFT's fields; lora_dropout must be 0 here, lora3d.hpp)
+  /// LoRA adapters on a frozen base (PEFT's fields; lora_dropout > 0 runs an fp32 base unmerged, lora3d.hpp)
   std::optional<loom::lora::config> lora;
   /// LoRA: how the base's projections are held (lora3d.hpp): fp32 (merged each step) or
   /// quantised, bf16 or nf4 (QLoRA: unmerged, dequantised inside the GEMMs); `nf4` is the
@@ -209,12 +215,13 @@ class trainer {
     std::vector<counted_range> counted;  // canonical ranges: the norm
     std::unique_ptr<stage_lora<P, T>> lora;  // LoRA: the adapters (the engine's layout) ...
     loom::buffer<P> frozen;                  // ... and the adapted base weights as they were (W0)
-    // quantised base: one frozen op per projection shard (model.frozen_shards() order), the
+    // unmerged adapters: one frozen op per projection shard (a quantised base: every projection,
+    // model.frozen_shards() order; an fp32 base with dropout: the adapted layers), the
     // adapters' step copy they read and where their gradients go
     std::vector<std::unique_ptr<frozen_projection<P, T>>> projections;
     loom::buffer<P> live;
     typename frozen_projection<P, T>::adapter_state live_state;
-    bool quantised() const noexcept { return !projections.empty(); }
+    bool unmerged() const noexcept { return !projections.empty(); }
     // LoRA whose schedule unfreezes base tensors: the base in an engine of its own too
     std::unique_ptr<engine_t> base;
     std::vector<counted_range> base_counted;
@@ -343,7 +350,7 @@ class trainer {
     st.loss_scale = loss_scale;
     for (auto& ck : chunks_) {
       ck->model->zero_grad();  // the engine's accumulation buffer (LoRA: the model's own)
-      if (ck->lora && ck->quantised()) std::ranges::fill(ck->zero->accumulation(), T(0));  // the passes add the adapters' gradients
+      if (ck->lora && ck->unmerged()) std::ranges::fill(ck->zero->accumulation(), T(0));  // the passes add the adapters' gradients
     }
     const std::vector<bool> on = opt_.grouped() ? trainable_now() : std::vector<bool>{};
     for (std::size_t g = 0; g < on.size(); ++g) {
@@ -406,7 +413,7 @@ class trainer {
     for (auto& ck : chunks_) {
       for (auto [e, counted] : ck->engines()) e->apply(scale);
       // LoRA with a trained base: the refreshed base is the next step's W0
-      if (ck->base) ck->lora->capture(std::span<const P>(ck->model->params()), ck->frozen.span());
+      if (ck->base && !ck->unmerged()) ck->lora->capture(std::span<const P>(ck->model->params()), ck->frozen.span());
     }
     st.seconds = seconds(t0, clock::now());
     return st;
@@ -437,7 +444,7 @@ class trainer {
   /// them as the frozen W0 (the next step merges the adapters into them).
   void lora_capture_base() {
     for (auto& ck : chunks_)
-      if (ck->lora && !ck->quantised()) ck->lora->capture(std::span<const P>(ck->model->params()), ck->frozen.span());
+      if (ck->lora && !ck->unmerged()) ck->lora->capture(std::span<const P>(ck->model->params()), ck->frozen.span());
   }
   /// Quantised LoRA base: projection shard k of model chunk c's frozen_shards() re-quantised
   /// from fp32 values [rows, cols] (a pretrained base read in).
@@ -460,7 +467,7 @@ class trainer {
   std::vector<P> base_params(int c = 0) const {
     const chunk_state& ck = *chunks_[static_cast<std::size_t>(c)];
     std::vector<P> out(ck.model->params().begin(), ck.model->params().end());
-    if (ck.lora && !ck.quantised())
+    if (ck.lora && !ck.unmerged())
       for (const auto& it : ck.lora->items())
         std::copy_n(ck.frozen.begin() + static_cast<std::ptrdiff_t>(it.frozen_offset), it.rows * it.cols,
                     out.begin() + static_cast<std::ptrdiff_t>(it.base_offset));
@@ -525,6 +532,8 @@ class trainer {
     const auto& lo = *ck->lora;
     if (quantised) {
       quantise_base(*ck);
+    } else if (opt_.lora->lora_dropout > 0.0) {
+      unmerge_base(*ck);
     } else {
       ck->frozen = loom::buffer<P>(lo.frozen_size(), *mr_);
       lo.capture(m.params(), ck->frozen.span());
@@ -543,7 +552,9 @@ class trainer {
         },
         ck->train_trace);
     use_groups(*ck->zero, ck->counted, lo.shards());
-    if (quantised) ck->live_state = {&lo.layout(), ck->live.span(), ck->zero->accumulation(), static_cast<T>(opt_.lora->scaling())};
+    if (ck->unmerged())
+      ck->live_state = {&lo.layout(), ck->live.span(), ck->zero->accumulation(), static_cast<T>(opt_.lora->scaling()),
+                        opt_.lora->lora_dropout, opt_.seed};
     return ck;
   }
   // What a quantised base cannot do, refused naming the option.
@@ -582,8 +593,28 @@ class trainer {
       l.set_frozen(ck.projections[shard_at([&](const tp::shard_desc& s) { return s.local_offset == offset; })].get());
     });
     for (const auto& it : ck.lora->items())
-      ck.projections[shard_at([&](const tp::shard_desc& s) { return s.name == it.name + ".weight"; })]->attach(&it.ad, it.unit,
-                                                                                                           &ck.live_state);
+      ck.projections[shard_at([&](const tp::shard_desc& s) { return s.name == it.name + ".weight"; })]->attach(
+          &it.ad, it.unit, &ck.live_state, it.name);
+    ck.live = loom::buffer<P>(ck.lora->layout().size(), *mr_);
+  }
+  // An fp32 base with lora_dropout > 0 (no merged weight expresses a mask on the LoRA branch
+  // alone): a frozen op over its own weight in the model's buffer behind each adapted layer --
+  // each part of a fused tensor (q/k/v, gate/up) its own, with its rows of B -- computing the
+  // base term and the adapter's; the base's weight gradient only where an engine trains it.
+  void unmerge_base(chunk_state& ck) {
+    auto& m = *ck.model;
+    const std::span<T> grads = ck.base ? std::span<T>(m.grads()) : std::span<T>{};
+    m.for_each_frozen_linear([&](std::size_t offset, loom::nn::linear<T>& l) {
+      for (const auto& it : ck.lora->items()) {
+        const auto cols = static_cast<std::size_t>(it.cols);
+        if (offset < it.base_offset || offset >= it.base_offset + static_cast<std::size_t>(it.rows) * cols) continue;
+        ck.projections.push_back(std::make_unique<frozen_projection<P, T>>(std::span<P>(m.params()), grads, offset,
+                                                                           l.out_features(), l.in_features()));
+        ck.projections.back()->attach(&it.ad, it.unit, &ck.live_state, it.name,
+                                      static_cast<index_t>((offset - it.base_offset) / cols));
+        l.set_frozen(ck.projections.back().get());
+      }
+    });
     ck.live = loom::buffer<P>(ck.lora->layout().size(), *mr_);
   }
   // An engine over the stage model's units, its fp32 master from the model's parameters; the
@@ -642,7 +673,7 @@ class trainer {
       const auto& L = ck->lora->layout();
       for (std::size_t u = 0; u < ck->lora->units(); ++u) {
         ck->zero->acquire_layer(u);
-        if (ck->quantised()) std::ranges::copy(ck->zero->parameter(u), L.unit(ck->live.span(), u).begin());
+        if (ck->unmerged()) std::ranges::copy(ck->zero->parameter(u), L.unit(ck->live.span(), u).begin());
         else ck->lora->merge(u, ck->zero->parameter(u), ck->frozen.span(), ck->model->params());
         ck->zero->release_layer(u);
       }
@@ -654,12 +685,12 @@ class trainer {
   // replicated factor, summed here).
   void lora_backward(chunk_state& ck) {
     std::span<T> acc = ck.zero->accumulation();
-    if (!ck.quantised()) std::fill(acc.begin(), acc.end(), T(0));
+    if (!ck.unmerged()) std::fill(acc.begin(), acc.end(), T(0));
     loom::nn::workspace<T> ws(0, *mr_);
     const auto& L = ck.lora->layout();
     for (std::size_t u = ck.lora->units(); u-- > 0;) {
       ck.zero->acquire_layer(u);
-      if (!ck.quantised()) ck.lora->backward(mesh_.tp(), u, ck.zero->parameter(u), L.unit(acc, u), std::span<const T>(ck.model->grads()), ws);
+      if (!ck.unmerged()) ck.lora->backward(mesh_.tp(), u, ck.zero->parameter(u), L.unit(acc, u), std::span<const T>(ck.model->grads()), ws);
       else
         for (const auto& it : ck.lora->items())
           if (it.unit == u) it.ad.sum_replicated_grad(mesh_.tp(), L.unit(acc, u));
@@ -705,6 +736,7 @@ class trainer {
       auto& mdl = t->model(c);
       const index_t b = t->opt_.micro_batch_size, s = t->opt_.seq;
       t->data_(step, t->mesh_.coord().dp * t->opt_.micro_batches + mb, t->tokens_.span(), t->targets_.span());
+      t->set_dropout_context(c, step, mb, !eval);
       const auto c0 = std::chrono::steady_clock::now();
       if (!input.empty()) std::copy(input.begin(), input.end(), mdl.input(mb, b, s).begin());
       loss += double(mdl.forward(mb, loom::make_view(static_cast<const std::int32_t*>(t->tokens_.data()), b, s),
@@ -717,12 +749,22 @@ class trainer {
       auto& mdl = t->model(c);
       const auto c0 = std::chrono::steady_clock::now();
       if (!grad_output.empty()) std::copy(grad_output.begin(), grad_output.end(), mdl.output_grad(mb).begin());
+      t->set_dropout_context(c, step, mb, true);  // a recompute (checkpointing) and the backward draw the forward's masks
       mdl.backward(mb, T(loom::amp::scale_of(t->opt_.loss_scaler)) / T(t->opt_.micro_batches));
       if (!grad_input.empty()) std::copy_n(mdl.input_grad(mb).begin(), grad_input.size(), grad_input.begin());
       mdl.release(mb);
       busy += seconds(c0, std::chrono::steady_clock::now());
     }
   };
+
+  // The LoRA dropout's context for chunk c's next pass: step, and the global micro-batch mb's
+  // first token in the step's global batch (lora_dropout_at); training false: no dropout.
+  void set_dropout_context(int c, std::int64_t step, int mb, bool training) {
+    auto& st = chunks_[static_cast<std::size_t>(c)]->live_state;
+    const std::int64_t global_mb = std::int64_t(mesh_.coord().dp) * opt_.micro_batches + mb;
+    st.step = step, st.training = training;
+    st.first_token = global_mb * opt_.micro_batch_size * opt_.seq;
+  }
 
   /// The mean loss of the global batch from each rank's sum over its micro-batches (the last
   /// virtual stage's tp rank 0 ranks hold it), the same on every rank.
