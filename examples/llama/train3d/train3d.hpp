@@ -52,10 +52,10 @@
 // schedule gives lr(t) for the configured lr0, the group steps with lr_g * lr(t) / lr0 (its
 // rate replaces lr0 and keeps warmup and decay); its weight_decay replaces the run's. A
 // group's Adam step count starts when it first trains (bias correction per group: its first
-// update has the size of a fresh optimizer's). Its moments are allocated with the rest of
-// the engine's flat state and stay zero until then: one buffer per stage is what lets a rank
-// step and gather its slices with one offset, and the memory that matters -- a base that never
-// trains -- is kept out of the engine altogether by LoRA. Frozen groups are left out of the
+// update has the size of a fresh optimizer's). Its moments are allocated then too, not before
+// (train_options::lazy_group_state, zero::engine::set_groups: the engine keeps every element's
+// fp32 master and each group's moments in a buffer of its own), and a base that never trains
+// is kept out of the engine altogether by LoRA. Frozen groups are left out of the
 // gradient norm (clipping sees what trains).
 // Under LoRA, a chunk whose schedule never trains a base tensor keeps its base out of any
 // engine (the LoRA-only memory). One whose schedule does gets a second engine over its base
@@ -142,6 +142,10 @@ struct train_options {
   /// Parameter groups and progressive unfreezing (optim/param_groups.hpp; see "Parameter
   /// groups" below). No groups and no phases: one group, every parameter trains every step.
   loom::optim::param_groups groups;
+  /// Groups: a group's Adam moments allocated at the first step that trains it (true), or all
+  /// up front (false; the results are the same bit for bit -- the moments start at zero either
+  /// way -- so this only trades memory before unfreezing; zero::engine_options).
+  bool lazy_group_state = true;
   /// The run's optimizer steps: the unfreezing phases are fractions of it (needed with phases).
   std::int64_t total_steps = 0;
   /// The name a group's globs match for a tensor of loom's name (layers.3.attention.wq.weight,
@@ -239,10 +243,11 @@ class trainer {
 
   /// mr: every allocation of this rank. param_mr (optional): the parameters alone -- the
   /// engine's parameter buffer or shard, persistent copies and stage-3 gather arena -- so its
-  /// peak is the most parameter memory the rank held.
+  /// peak is the most parameter memory the rank held. optimizer_mr (optional): the optimizer
+  /// state alone (fp32 master and Adam moments, not offloaded).
   trainer(C& world, const llama::config& cfg, const train_options& opt, loom::memory_resource& mr,
-          loom::memory_resource* param_mr = nullptr)
-      : opt_((opt.validate(), opt)), mesh_(world, opt.mesh), mr_(&mr), sched_(make_schedule(cfg, opt)),
+          loom::memory_resource* param_mr = nullptr, loom::memory_resource* optimizer_mr = nullptr)
+      : opt_((opt.validate(), opt)), mesh_(world, opt.mesh), mr_(&mr), optimizer_mr_(optimizer_mr), sched_(make_schedule(cfg, opt)),
         exec_(sched_, mesh_.pp(), static_cast<std::size_t>(opt.micro_batch_size * opt.seq * cfg.dim), mr),
         dp_(static_cast<std::size_t>(opt.mesh.dp)), rank_(static_cast<std::size_t>(mesh_.coord().dp)),
         tokens_(static_cast<std::size_t>(opt.micro_batch_size * opt.seq), mr),
@@ -254,6 +259,7 @@ class trainer {
     eo.stage3 = opt.stage3;
     eo.offload_optimizer = opt.offload_optimizer;
     eo.nvme_path = opt.nvme_path;
+    eo.lazy_group_state = opt.lazy_group_state;
     for (int c = 0; c < v; ++c) {
       auto ck = std::make_unique<chunk_state>();
       ck->model = std::make_unique<stage_model<P, T, C>>(cfg, mesh_.tp(), c * p + mesh_.coord().pp, p * v, mr, dp_,
@@ -546,7 +552,7 @@ class trainer {
       units.push_back({"lora unit " + std::to_string(u), {static_cast<index_t>(L.unit_end(u) - L.unit_begin(u))}, u});
     ck->train_trace = lora_trace(lo, true);
     ck->zero = loom::zero::make_engine<P, C, T>(
-        opt_.zero_stage, mesh_.dp(), loom::zero::flat_layout(std::move(units), dp_), eo, {mr_, mr_, mr_, param_mr},
+        opt_.zero_stage, mesh_.dp(), loom::zero::flat_layout(std::move(units), dp_), eo, {mr_, mr_, mr_, param_mr, optimizer_mr_},
         [&](std::size_t u, std::size_t first, std::span<float> out) {
           for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(init[L.unit_begin(u) + first + i]);
         },
@@ -627,7 +633,7 @@ class trainer {
       units.push_back({"unit " + std::to_string(u), {static_cast<index_t>(L.unit_end(u) - L.unit_begin(u))}, u});
     const std::span<const P> init = m.params();
     auto e = loom::zero::make_engine<P, C, T>(
-        opt_.zero_stage, mesh_.dp(), loom::zero::flat_layout(std::move(units), dp_), eo, {mr_, mr_, mr_, param_mr},
+        opt_.zero_stage, mesh_.dp(), loom::zero::flat_layout(std::move(units), dp_), eo, {mr_, mr_, mr_, param_mr, optimizer_mr_},
         [&](std::size_t u, std::size_t first, std::span<float> out) {
           for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(init[L.unit_begin(u) + first + i]);
         },
@@ -783,6 +789,7 @@ class trainer {
   loom::host_memory_resource base_mr_{"frozen base"};  // a quantised LoRA base's projections (declared before chunks_: outlives them)
   loom::comm::mesh<C> mesh_;
   loom::memory_resource* mr_;
+  loom::memory_resource* optimizer_mr_;  // optional: the optimizer state's own (tests measure it)
   loom::pipeline::schedule sched_;
   loom::pipeline::executor<T, C> exec_;
   std::unique_ptr<loom::pipeline::executor<T, C>> eval_exec_;  // forward_only, made on the first evaluate()
