@@ -330,14 +330,17 @@ class stage_model {
   /// empty otherwise.
   const loom::nn::param_layout& frozen_layout() const noexcept { return layers_.frozen_layout; }
   const tp::shard_list& frozen_shards() const noexcept { return layers_.frozen_shards; }
-  /// f(slot offset in frozen_layout(), layer) for every projection of this stage's blocks:
-  /// where a frozen op is put behind each (nn::linear::set_frozen).
+  /// f(offset, layer) for every projection of this stage's blocks, offset: where its weight
+  /// starts in frozen_layout() (frozen_projections) or else in layout() (the whole buffer, not
+  /// its unit): where a frozen op is put behind each (nn::linear::set_frozen).
   template <class F>
   void for_each_frozen_linear(F&& f) {
-    for (auto& b : layers_.blocks) {
-      auto g = [&](const char*, loom::nn::linear<T>& l) { f(l.weight().offset, l); };
-      b.attention.for_each_linear(g);
-      b.feed_forward.for_each_linear(g);
+    const bool frozen = frozen_layout().size() > 0;
+    for (std::size_t k = 0; k < layers_.blocks.size(); ++k) {
+      const std::size_t base = frozen ? 0 : layers_.layout.unit_begin(layers_.first_block_unit + k);
+      auto g = [&](const char*, loom::nn::linear<T>& l) { f(base + l.weight().offset, l); };
+      layers_.blocks[k].attention.for_each_linear(g);
+      layers_.blocks[k].feed_forward.for_each_linear(g);
     }
   }
   void zero_grad() { loom::ops::fill(loom::host{}, loom::make_view(gview_.data(), static_cast<index_t>(gview_.size())), T(0)); }

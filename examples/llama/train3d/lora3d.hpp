@@ -15,8 +15,9 @@
 // LoRA branch inside attention or the MLP to keep in step -- and the base's weight gradient,
 // which the layers compute anyway, is what the adapters' gradients are made of. The price:
 // the adapted base weights are held twice (W0 and W_eff) and their weight gradient is
-// computed; and dropout cannot act on the LoRA branch alone, so lora_dropout must be 0 here
-// (the library's adapter::forward/backward has it, for a decoder with LoRA inside its layers).
+// computed; and dropout cannot act on the LoRA branch alone: with lora_dropout > 0 the fp32
+// base runs unmerged instead (frozen_projection below over its own slot in the model's
+// buffer), the mask drawn from the counter RNG per pass (lora_dropout_at).
 //
 // Layout: one unit per block of the stage (the blocks' adapters in the order of the config's
 // target modules), each padded to the data-parallel size, so ZeRO's engine partitions and
@@ -25,9 +26,10 @@
 // the base's (attention.wq, feed_forward.w13, ...); B's row rectangles follow the base
 // weight's (fused q/k/v and gate/up are split by parts).
 //
-// A quantised base (train_options::lora_base bf16 / nf4, QLoRA) is run unmerged instead: its
+// A quantised base (train_options::lora_base bf16 / nf4, QLoRA) is run unmerged too: its
 // projections are not in the model's buffer, and a frozen_projection (below) behind each
-// layer computes x deq(W)^T + s (x A^T) B^T and its backward; only the layout above is shared.
+// layer computes x deq(W)^T + s (dropout(x) A^T) B^T and its backward; only the layout above
+// is shared.
 
 #include "../model3d/llama3d.hpp"
 
@@ -48,7 +50,8 @@
 namespace llama3d {
 
 /// How a LoRA run holds its frozen base's projections (train_options::lora_base).
-///   fp32: in the model's flat buffer, the adapters merged into them each step (below);
+///   fp32: in the model's flat buffer, the adapters merged into them each step (below), or,
+///   with lora_dropout > 0, unmerged by a frozen_projection over that buffer;
 ///   bf16, nf4: outside it, as quant::bf16_matrix / quant::nf4_matrix (QLoRA), each layer run
 ///   unmerged by a frozen_projection: y = x deq(W)^T + s (x A^T) B^T.
 enum class lora_base { fp32, bf16, nf4 };
@@ -83,6 +86,33 @@ inline lora_target lora_target_of(const llama::config& c, const std::string& m) 
              ", fused_gate_up=", c.fused_gate_up, ")");
 }
 
+/// A 32-bit FNV-1a of an adapter's name (layers.{i}.<tensor>): its own stretch of the counter
+/// RNG for the init of A, its own stream for the dropout masks.
+inline std::uint64_t lora_key(const std::string& name) noexcept {
+  std::uint64_t key = 2166136261u;
+  for (const char ch : name) key = ((key ^ static_cast<unsigned char>(ch)) * 16777619u) & 0xffffffffu;
+  return key;
+}
+
+/// The dropout of adapter `name` (layers.{i}.<tensor>) at optimizer step `step`, for input rows
+/// that are the tokens first_token, first_token + 1, ... of that step's global batch (global
+/// micro-batch g, micro-batch of b rows of s tokens: first_token = g * b * s), the adapter's
+/// input `in_features` wide (the full tensor's): element (token t, feature j) is kept when the
+/// counter RNG (seed, stream (step, name)) draws >= p at t * in_features + j
+/// (loom::lora::dropout_mask / dropout_apply; PEFT's nn.Dropout scaling 1 / (1 - p)).
+/// Why these keys: a tensor-parallel rank holding columns [c0, c1) of the input draws exactly
+/// those columns of the mask, replicas of an input draw the same mask, and neither dp, tp, pp
+/// nor the schedule changes any token's mask, so a run's losses do not depend on the mesh; a
+/// recompute (activation checkpointing) draws it again. The parts of a fused tensor share it
+/// (PEFT's one dropout on the fused layer's input); separate targets (q_proj, k_proj) do not.
+inline loom::lora::dropout lora_dropout_at(double p, std::uint64_t seed, std::int64_t step, const std::string& name,
+                                           std::int64_t first_token, index_t in_features) {
+  LOOM_CHECK(p >= 0.0 && p < 1.0, "lora: lora_dropout must be in [0, 1), got lora_dropout=", p);
+  LOOM_CHECK(step >= 0 && first_token >= 0, "lora: dropout at step ", step, ", first token ", first_token, " (both >= 0)");
+  return {p, seed, static_cast<std::uint64_t>(first_token) * static_cast<std::uint64_t>(in_features),
+          (static_cast<std::uint64_t>(step) << 32) | lora_key(name)};
+}
+
 /// The adapters of one stage model (see the file comment).
 template <loom::ops::param_type P, loom::ops::compute_type T>
 class stage_lora {
@@ -102,8 +132,6 @@ class stage_lora {
   stage_lora(const loom::lora::config& lc, const llama::config& c, const loom::nn::param_layout& base,
              const tp::shard_list& base_shards, stage_range range, tp::tp_rank t, std::size_t pad_to = 1)
       : cfg_((lc.validate(), lc)), scaling_(static_cast<T>(lc.scaling())) {
-    LOOM_CHECK(lc.lora_dropout == 0.0, "lora: the mesh trainer runs adapters merged into the base weights (fp32 base) or "
-               "without a kept mask (quantised base); lora_dropout must be 0, got lora_dropout=", lc.lora_dropout);
     std::size_t frozen = 0;
     for (index_t l = range.first; l < range.last; ++l) {
       const std::size_t u = layout_.begin_unit(pad_to);
@@ -145,12 +173,8 @@ class stage_lora {
   /// A from the counter RNG (kaiming-uniform, at each element's index in the full tensor:
   /// the same adapters on every mesh), B zero; `lora` is this stage's flat buffer.
   void init(std::span<P> lora, std::uint64_t seed) const {
-    for (const item& it : items_) {
-      // each (layer, tensor) its own stretch of the RNG's stream: a 32-bit FNV-1a of its name
-      std::uint64_t key = 2166136261u;
-      for (const char ch : it.name) key = ((key ^ static_cast<unsigned char>(ch)) * 16777619u) & 0xffffffffu;
-      it.ad.init(layout_.unit(lora, it.unit), seed, key << 31);
-    }
+    // each (layer, tensor) its own stretch of the RNG's stream
+    for (const item& it : items_) it.ad.init(layout_.unit(lora, it.unit), seed, lora_key(it.name) << 31);
   }
   /// Keeps the adapted base weights of `base` (the model's parameters) aside: the frozen W0.
   void capture(std::span<const P> base, std::span<P> frozen) const {
@@ -205,30 +229,47 @@ class stage_lora {
   std::size_t frozen_size_ = 0;
 };
 
-/// One projection of a quantised frozen base (this rank's shard, quantised once), and the
-/// LoRA adapter on it if it is a target: the nn::frozen_op behind the model's linear layer.
-///   forward   y = x deq(W)^T + s (x A^T) B^T
-///   backward  dx (+)= dy deq(W) + s (dy B) A,  dA += s (dy B)^T x,  dB += s dy^T (x A^T)
-/// deq(W) is never whole in fp32: the dequantising GEMMs (quant/host/gemm.hpp) work one tile
-/// at a time. The LoRA term is the adapter's partial form (adapter::forward_partial): the
+/// One projection of a frozen base, and the LoRA adapter on it if it is a target: the
+/// nn::frozen_op behind the model's linear layer. The weight is either quantised once from
+/// this rank's shard (QLoRA: lora_base bf16 / nf4) or resident: the fp32 base's own slot in the
+/// model's flat buffer (lora_base fp32 with lora_dropout > 0, which cannot run merged).
+///   forward   y = x W^T + s (u A^T) B^T,            u = dropout(x)
+///   backward  dx (+)= dy W + s ((dy B) A) * mask,  dA += s (dy B)^T u,  dB += s dy^T (u A^T),
+///             and, resident with a weight gradient wanted (an unfrozen base), dW += dy^T x
+/// A quantised W is never whole in fp32: the dequantising GEMMs (quant/host/gemm.hpp) work one
+/// tile at a time. The LoRA term is the adapter's partial form (adapter::forward_partial): the
 /// decoder's own all-reduces around each column/row pair sum it, and the trainer sums the
-/// replicated factor's gradient over the tensor group once per step.
+/// replicated factor's gradient over the tensor group once per step. The dropout mask is drawn
+/// in each pass from the step's context (adapter_state; lora_dropout_at), never kept.
 template <loom::ops::param_type P, loom::ops::compute_type T>
 class frozen_projection final : public loom::nn::frozen_op<T> {
  public:
   /// Where the attached adapter reads its parameters and adds its gradients during a step:
-  /// flat buffers in the stage's adapter layout (the trainer fills `params` before the passes).
+  /// flat buffers in the stage's adapter layout (the trainer fills `params` before the passes);
+  /// and the dropout's context, which the trainer sets before each pass of a micro-batch.
   struct adapter_state {
     const loom::nn::param_layout* layout = nullptr;
     std::span<P> params;
     std::span<T> grads;
     T scaling = T(1);
+    double dropout = 0.0;  ///< lora_dropout
+    std::uint64_t seed = 0;
+    std::int64_t step = 0, first_token = 0;
+    bool training = true;  ///< false: evaluation, no dropout (PEFT's eval mode)
   };
 
+  /// A quantised copy of w (bf16 or nf4).
   frozen_projection(lora_base kind, loom::tensor_view<const float, loom::host, 2> w, const loom::quant::nf4_options& o,
                     loom::memory_resource& mr)
       : kind_(kind), nf4_(o), mr_(&mr) {
     set_weight(w);
+  }
+  /// The resident fp32 weight [rows, cols] at `offset` in the model's flat `params`; its
+  /// gradient added at the same offset of `grads` (empty: none wanted, the base is frozen).
+  frozen_projection(std::span<P> params, std::span<T> grads, std::size_t offset, index_t rows, index_t cols)
+      : kind_(lora_base::fp32), params_(params), grads_(grads), slot_{offset, {rows, cols}} {
+    LOOM_CHECK(offset + static_cast<std::size_t>(rows * cols) <= params.size(), "llama3d::frozen_projection: [", rows, ", ",
+               cols, "] at ", offset, " is past the model's ", params.size(), " parameters");
   }
   /// (Re)quantises the weight from fp32 values (a pretrained base read in).
   void set_weight(loom::tensor_view<const float, loom::host, 2> w) {
@@ -236,13 +277,20 @@ class frozen_projection final : public loom::nn::frozen_op<T> {
     if (kind_ == lora_base::nf4) w_ = loom::quant::nf4_matrix(w, nf4_, *mr_);
     else w_ = loom::quant::bf16_matrix(w, *mr_);
   }
-  void attach(const loom::lora::adapter<T>* ad, std::size_t unit, const adapter_state* st) { ad_ = ad, unit_ = unit, st_ = st; }
-  /// Bytes the quantised weight holds (its memory resource's share).
+  /// The adapter `ad` (named `name`, for its dropout's stream) in unit `unit`; b_row0: where
+  /// this layer's rows start in ad's B (a part of a fused tensor; 0 otherwise).
+  void attach(const loom::lora::adapter<T>* ad, std::size_t unit, const adapter_state* st, std::string name = {},
+              index_t b_row0 = 0) {
+    ad_ = ad, unit_ = unit, st_ = st, name_ = std::move(name), b_row0_ = b_row0;
+  }
+  /// Bytes the quantised weight holds (its memory resource's share; 0 resident).
   std::size_t bytes() const {
+    if (kind_ == lora_base::fp32) return 0;
     return std::visit([](const auto& w) { return w.bytes(); }, w_);
   }
   /// W dequantised whole (tests).
   std::vector<float> dequantized() const {
+    LOOM_CHECK(kind_ != lora_base::fp32, "llama3d::frozen_projection: a resident fp32 weight is the model's own");
     return std::visit([](const auto& w) {
       std::vector<float> out(static_cast<std::size_t>(w.rows() * w.cols()));
       w.dequantize(0, w.rows(), 0, w.cols(), out.data(), w.cols());
@@ -252,34 +300,51 @@ class frozen_projection final : public loom::nn::frozen_op<T> {
 
   void forward(loom::tensor_view<const T, loom::host, 2> x, loom::tensor_view<T, loom::host, 2> y,
                loom::nn::workspace<T>& ws) const override {
-    if constexpr (std::is_same_v<T, float>) {
+    if (kind_ == lora_base::fp32) {
+      loom::ops::gemm(loom::host{}, x, loom::nn::weights_as<T>(slot_, params_, ws).transpose(0, 1), y);
+    } else if constexpr (std::is_same_v<T, float>) {
       std::visit([&](const auto& w) { loom::quant::dequant_gemm_forward(loom::host{}, x, w, y, 0.f); }, w_);
-      if (ad_) ad_->forward_partial(params(), x, y, ws, st_->scaling);
     } else {
       LOOM_THROW("llama3d::frozen_projection: a quantised base computes in float, not in ", sizeof(T) * 8, "-bit floats");
     }
+    if (ad_) ad_->forward_partial(params(), x, y, ws, st_->scaling, mask_of(), b_row0_);
   }
   void backward(loom::tensor_view<const T, loom::host, 2> x, loom::tensor_view<const T, loom::host, 2> dy,
                 loom::tensor_view<T, loom::host, 2> dx, bool accumulate, loom::nn::workspace<T>& ws) const override {
-    if constexpr (std::is_same_v<T, float>) {
+    const T beta = accumulate ? T(1) : T(0);
+    if (kind_ == lora_base::fp32) {
+      if (!dx.empty()) loom::ops::gemm(loom::host{}, dy, loom::nn::weights_as<T>(slot_, params_, ws), dx, T(1), beta);
+      if (!grads_.empty()) loom::ops::gemm(loom::host{}, dy.transpose(0, 1), x, slot_.in(grads_), T(1), T(1));
+    } else if constexpr (std::is_same_v<T, float>) {
       if (!dx.empty())
-        std::visit([&](const auto& w) { loom::quant::dequant_gemm_backward(loom::host{}, dy, w, dx, accumulate ? 1.f : 0.f); }, w_);
-      if (ad_) ad_->backward_partial(params(), st_->layout->unit(st_->grads, unit_), x, dy, dx, ws, st_->scaling);
+        std::visit([&](const auto& w) { loom::quant::dequant_gemm_backward(loom::host{}, dy, w, dx, beta); }, w_);
     } else {
       LOOM_THROW("llama3d::frozen_projection: a quantised base computes in float, not in ", sizeof(T) * 8, "-bit floats");
     }
+    if (ad_)
+      ad_->backward_partial(params(), st_->layout->unit(st_->grads, unit_), x, dy, dx, ws, st_->scaling, mask_of(),
+                            b_row0_);
   }
 
  private:
   std::span<P> params() const { return st_->layout->unit(st_->params, unit_); }
+  loom::lora::dropout mask_of() const {
+    if (!st_->training || st_->dropout == 0.0) return {};
+    return lora_dropout_at(st_->dropout, st_->seed, st_->step, name_, st_->first_token, ad_->full_in_features());
+  }
 
   lora_base kind_;
   loom::quant::nf4_options nf4_;
-  loom::memory_resource* mr_;
+  loom::memory_resource* mr_ = nullptr;
   std::variant<loom::quant::nf4_matrix, loom::quant::bf16_matrix> w_;
+  std::span<P> params_;  // resident: the model's parameters and gradients
+  std::span<T> grads_;
+  loom::nn::param_slot<2> slot_{};
   const loom::lora::adapter<T>* ad_ = nullptr;
   std::size_t unit_ = 0;
   const adapter_state* st_ = nullptr;
+  std::string name_;
+  index_t b_row0_ = 0;
 };
 
 /// The adapters of the single-rank model (tp = 1, pp = 1): the layout whose offsets name

@@ -52,10 +52,10 @@
 // schedule gives lr(t) for the configured lr0, the group steps with lr_g * lr(t) / lr0 (its
 // rate replaces lr0 and keeps warmup and decay); its weight_decay replaces the run's. A
 // group's Adam step count starts when it first trains (bias correction per group: its first
-// update has the size of a fresh optimizer's). Its moments are allocated with the rest of
-// the engine's flat state and stay zero until then: one buffer per stage is what lets a rank
-// step and gather its slices with one offset, and the memory that matters -- a base that never
-// trains -- is kept out of the engine altogether by LoRA. Frozen groups are left out of the
+// update has the size of a fresh optimizer's). Its moments are allocated then too, not before
+// (train_options::lazy_group_state, zero::engine::set_groups: the engine keeps every element's
+// fp32 master and each group's moments in a buffer of its own), and a base that never trains
+// is kept out of the engine altogether by LoRA. Frozen groups are left out of the
 // gradient norm (clipping sees what trains).
 // Under LoRA, a chunk whose schedule never trains a base tensor keeps its base out of any
 // engine (the LoRA-only memory). One whose schedule does gets a second engine over its base
@@ -71,6 +71,12 @@
 // the engine (unit by unit, the same trace as merging), the passes add the adapters' gradients
 // straight into the engine's accumulation buffer, and afterwards the replicated factor's
 // gradient is summed over the tensor group. Nothing of the base trains (no unfreezing).
+// LoRA dropout (lora_dropout > 0): a merged weight cannot mask the LoRA branch alone, so an
+// fp32 base runs unmerged the same way, a frozen_projection over each adapted layer's own
+// slot in the model's buffer (no W0 copy; dW only when an engine trains the base). Each pass
+// of a micro-batch first sets the context the ops draw their masks from (step, the
+// micro-batch's first token in the global batch: lora_dropout_at), so the masks do not depend
+// on the mesh and a recompute under checkpointing draws the forward's; evaluation: none.
 
 #include "lora3d.hpp"
 
@@ -126,7 +132,7 @@ struct train_options {
   bool checkpointing = false;
   /// 1 (none: fp32, bfloat16), or ds_config's fp16 section (loom::zero::loss_scaler_from)
   loom::amp::any_loss_scaler loss_scaler{loom::amp::static_loss_scaler(1.f)};
-  /// LoRA adapters on a frozen base (PEFT's fields; lora_dropout must be 0 here, lora3d.hpp)
+  /// LoRA adapters on a frozen base (PEFT's fields; lora_dropout > 0 runs an fp32 base unmerged, lora3d.hpp)
   std::optional<loom::lora::config> lora;
   /// LoRA: how the base's projections are held (lora3d.hpp): fp32 (merged each step) or
   /// quantised, bf16 or nf4 (QLoRA: unmerged, dequantised inside the GEMMs); `nf4` is the
@@ -136,6 +142,10 @@ struct train_options {
   /// Parameter groups and progressive unfreezing (optim/param_groups.hpp; see "Parameter
   /// groups" below). No groups and no phases: one group, every parameter trains every step.
   loom::optim::param_groups groups;
+  /// Groups: a group's Adam moments allocated at the first step that trains it (true), or all
+  /// up front (false; the results are the same bit for bit -- the moments start at zero either
+  /// way -- so this only trades memory before unfreezing; zero::engine_options).
+  bool lazy_group_state = true;
   /// The run's optimizer steps: the unfreezing phases are fractions of it (needed with phases).
   std::int64_t total_steps = 0;
   /// The name a group's globs match for a tensor of loom's name (layers.3.attention.wq.weight,
@@ -209,12 +219,13 @@ class trainer {
     std::vector<counted_range> counted;  // canonical ranges: the norm
     std::unique_ptr<stage_lora<P, T>> lora;  // LoRA: the adapters (the engine's layout) ...
     loom::buffer<P> frozen;                  // ... and the adapted base weights as they were (W0)
-    // quantised base: one frozen op per projection shard (model.frozen_shards() order), the
+    // unmerged adapters: one frozen op per projection shard (a quantised base: every projection,
+    // model.frozen_shards() order; an fp32 base with dropout: the adapted layers), the
     // adapters' step copy they read and where their gradients go
     std::vector<std::unique_ptr<frozen_projection<P, T>>> projections;
     loom::buffer<P> live;
     typename frozen_projection<P, T>::adapter_state live_state;
-    bool quantised() const noexcept { return !projections.empty(); }
+    bool unmerged() const noexcept { return !projections.empty(); }
     // LoRA whose schedule unfreezes base tensors: the base in an engine of its own too
     std::unique_ptr<engine_t> base;
     std::vector<counted_range> base_counted;
@@ -232,10 +243,11 @@ class trainer {
 
   /// mr: every allocation of this rank. param_mr (optional): the parameters alone -- the
   /// engine's parameter buffer or shard, persistent copies and stage-3 gather arena -- so its
-  /// peak is the most parameter memory the rank held.
+  /// peak is the most parameter memory the rank held. optimizer_mr (optional): the optimizer
+  /// state alone (fp32 master and Adam moments, not offloaded).
   trainer(C& world, const llama::config& cfg, const train_options& opt, loom::memory_resource& mr,
-          loom::memory_resource* param_mr = nullptr)
-      : opt_((opt.validate(), opt)), mesh_(world, opt.mesh), mr_(&mr), sched_(make_schedule(cfg, opt)),
+          loom::memory_resource* param_mr = nullptr, loom::memory_resource* optimizer_mr = nullptr)
+      : opt_((opt.validate(), opt)), mesh_(world, opt.mesh), mr_(&mr), optimizer_mr_(optimizer_mr), sched_(make_schedule(cfg, opt)),
         exec_(sched_, mesh_.pp(), static_cast<std::size_t>(opt.micro_batch_size * opt.seq * cfg.dim), mr),
         dp_(static_cast<std::size_t>(opt.mesh.dp)), rank_(static_cast<std::size_t>(mesh_.coord().dp)),
         tokens_(static_cast<std::size_t>(opt.micro_batch_size * opt.seq), mr),
@@ -247,6 +259,7 @@ class trainer {
     eo.stage3 = opt.stage3;
     eo.offload_optimizer = opt.offload_optimizer;
     eo.nvme_path = opt.nvme_path;
+    eo.lazy_group_state = opt.lazy_group_state;
     for (int c = 0; c < v; ++c) {
       auto ck = std::make_unique<chunk_state>();
       ck->model = std::make_unique<stage_model<P, T, C>>(cfg, mesh_.tp(), c * p + mesh_.coord().pp, p * v, mr, dp_,
@@ -343,7 +356,7 @@ class trainer {
     st.loss_scale = loss_scale;
     for (auto& ck : chunks_) {
       ck->model->zero_grad();  // the engine's accumulation buffer (LoRA: the model's own)
-      if (ck->lora && ck->quantised()) std::ranges::fill(ck->zero->accumulation(), T(0));  // the passes add the adapters' gradients
+      if (ck->lora && ck->unmerged()) std::ranges::fill(ck->zero->accumulation(), T(0));  // the passes add the adapters' gradients
     }
     const std::vector<bool> on = opt_.grouped() ? trainable_now() : std::vector<bool>{};
     for (std::size_t g = 0; g < on.size(); ++g) {
@@ -406,7 +419,7 @@ class trainer {
     for (auto& ck : chunks_) {
       for (auto [e, counted] : ck->engines()) e->apply(scale);
       // LoRA with a trained base: the refreshed base is the next step's W0
-      if (ck->base) ck->lora->capture(std::span<const P>(ck->model->params()), ck->frozen.span());
+      if (ck->base && !ck->unmerged()) ck->lora->capture(std::span<const P>(ck->model->params()), ck->frozen.span());
     }
     st.seconds = seconds(t0, clock::now());
     return st;
@@ -437,7 +450,7 @@ class trainer {
   /// them as the frozen W0 (the next step merges the adapters into them).
   void lora_capture_base() {
     for (auto& ck : chunks_)
-      if (ck->lora && !ck->quantised()) ck->lora->capture(std::span<const P>(ck->model->params()), ck->frozen.span());
+      if (ck->lora && !ck->unmerged()) ck->lora->capture(std::span<const P>(ck->model->params()), ck->frozen.span());
   }
   /// Quantised LoRA base: projection shard k of model chunk c's frozen_shards() re-quantised
   /// from fp32 values [rows, cols] (a pretrained base read in).
@@ -460,7 +473,7 @@ class trainer {
   std::vector<P> base_params(int c = 0) const {
     const chunk_state& ck = *chunks_[static_cast<std::size_t>(c)];
     std::vector<P> out(ck.model->params().begin(), ck.model->params().end());
-    if (ck.lora && !ck.quantised())
+    if (ck.lora && !ck.unmerged())
       for (const auto& it : ck.lora->items())
         std::copy_n(ck.frozen.begin() + static_cast<std::ptrdiff_t>(it.frozen_offset), it.rows * it.cols,
                     out.begin() + static_cast<std::ptrdiff_t>(it.base_offset));
@@ -525,6 +538,8 @@ class trainer {
     const auto& lo = *ck->lora;
     if (quantised) {
       quantise_base(*ck);
+    } else if (opt_.lora->lora_dropout > 0.0) {
+      unmerge_base(*ck);
     } else {
       ck->frozen = loom::buffer<P>(lo.frozen_size(), *mr_);
       lo.capture(m.params(), ck->frozen.span());
@@ -537,13 +552,15 @@ class trainer {
       units.push_back({"lora unit " + std::to_string(u), {static_cast<index_t>(L.unit_end(u) - L.unit_begin(u))}, u});
     ck->train_trace = lora_trace(lo, true);
     ck->zero = loom::zero::make_engine<P, C, T>(
-        opt_.zero_stage, mesh_.dp(), loom::zero::flat_layout(std::move(units), dp_), eo, {mr_, mr_, mr_, param_mr},
+        opt_.zero_stage, mesh_.dp(), loom::zero::flat_layout(std::move(units), dp_), eo, {mr_, mr_, mr_, param_mr, optimizer_mr_},
         [&](std::size_t u, std::size_t first, std::span<float> out) {
           for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(init[L.unit_begin(u) + first + i]);
         },
         ck->train_trace);
     use_groups(*ck->zero, ck->counted, lo.shards());
-    if (quantised) ck->live_state = {&lo.layout(), ck->live.span(), ck->zero->accumulation(), static_cast<T>(opt_.lora->scaling())};
+    if (ck->unmerged())
+      ck->live_state = {&lo.layout(), ck->live.span(), ck->zero->accumulation(), static_cast<T>(opt_.lora->scaling()),
+                        opt_.lora->lora_dropout, opt_.seed};
     return ck;
   }
   // What a quantised base cannot do, refused naming the option.
@@ -582,8 +599,28 @@ class trainer {
       l.set_frozen(ck.projections[shard_at([&](const tp::shard_desc& s) { return s.local_offset == offset; })].get());
     });
     for (const auto& it : ck.lora->items())
-      ck.projections[shard_at([&](const tp::shard_desc& s) { return s.name == it.name + ".weight"; })]->attach(&it.ad, it.unit,
-                                                                                                           &ck.live_state);
+      ck.projections[shard_at([&](const tp::shard_desc& s) { return s.name == it.name + ".weight"; })]->attach(
+          &it.ad, it.unit, &ck.live_state, it.name);
+    ck.live = loom::buffer<P>(ck.lora->layout().size(), *mr_);
+  }
+  // An fp32 base with lora_dropout > 0 (no merged weight expresses a mask on the LoRA branch
+  // alone): a frozen op over its own weight in the model's buffer behind each adapted layer --
+  // each part of a fused tensor (q/k/v, gate/up) its own, with its rows of B -- computing the
+  // base term and the adapter's; the base's weight gradient only where an engine trains it.
+  void unmerge_base(chunk_state& ck) {
+    auto& m = *ck.model;
+    const std::span<T> grads = ck.base ? std::span<T>(m.grads()) : std::span<T>{};
+    m.for_each_frozen_linear([&](std::size_t offset, loom::nn::linear<T>& l) {
+      for (const auto& it : ck.lora->items()) {
+        const auto cols = static_cast<std::size_t>(it.cols);
+        if (offset < it.base_offset || offset >= it.base_offset + static_cast<std::size_t>(it.rows) * cols) continue;
+        ck.projections.push_back(std::make_unique<frozen_projection<P, T>>(std::span<P>(m.params()), grads, offset,
+                                                                           l.out_features(), l.in_features()));
+        ck.projections.back()->attach(&it.ad, it.unit, &ck.live_state, it.name,
+                                      static_cast<index_t>((offset - it.base_offset) / cols));
+        l.set_frozen(ck.projections.back().get());
+      }
+    });
     ck.live = loom::buffer<P>(ck.lora->layout().size(), *mr_);
   }
   // An engine over the stage model's units, its fp32 master from the model's parameters; the
@@ -596,7 +633,7 @@ class trainer {
       units.push_back({"unit " + std::to_string(u), {static_cast<index_t>(L.unit_end(u) - L.unit_begin(u))}, u});
     const std::span<const P> init = m.params();
     auto e = loom::zero::make_engine<P, C, T>(
-        opt_.zero_stage, mesh_.dp(), loom::zero::flat_layout(std::move(units), dp_), eo, {mr_, mr_, mr_, param_mr},
+        opt_.zero_stage, mesh_.dp(), loom::zero::flat_layout(std::move(units), dp_), eo, {mr_, mr_, mr_, param_mr, optimizer_mr_},
         [&](std::size_t u, std::size_t first, std::span<float> out) {
           for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(init[L.unit_begin(u) + first + i]);
         },
@@ -642,7 +679,7 @@ class trainer {
       const auto& L = ck->lora->layout();
       for (std::size_t u = 0; u < ck->lora->units(); ++u) {
         ck->zero->acquire_layer(u);
-        if (ck->quantised()) std::ranges::copy(ck->zero->parameter(u), L.unit(ck->live.span(), u).begin());
+        if (ck->unmerged()) std::ranges::copy(ck->zero->parameter(u), L.unit(ck->live.span(), u).begin());
         else ck->lora->merge(u, ck->zero->parameter(u), ck->frozen.span(), ck->model->params());
         ck->zero->release_layer(u);
       }
@@ -654,12 +691,12 @@ class trainer {
   // replicated factor, summed here).
   void lora_backward(chunk_state& ck) {
     std::span<T> acc = ck.zero->accumulation();
-    if (!ck.quantised()) std::fill(acc.begin(), acc.end(), T(0));
+    if (!ck.unmerged()) std::fill(acc.begin(), acc.end(), T(0));
     loom::nn::workspace<T> ws(0, *mr_);
     const auto& L = ck.lora->layout();
     for (std::size_t u = ck.lora->units(); u-- > 0;) {
       ck.zero->acquire_layer(u);
-      if (!ck.quantised()) ck.lora->backward(mesh_.tp(), u, ck.zero->parameter(u), L.unit(acc, u), std::span<const T>(ck.model->grads()), ws);
+      if (!ck.unmerged()) ck.lora->backward(mesh_.tp(), u, ck.zero->parameter(u), L.unit(acc, u), std::span<const T>(ck.model->grads()), ws);
       else
         for (const auto& it : ck.lora->items())
           if (it.unit == u) it.ad.sum_replicated_grad(mesh_.tp(), L.unit(acc, u));
@@ -705,6 +742,7 @@ class trainer {
       auto& mdl = t->model(c);
       const index_t b = t->opt_.micro_batch_size, s = t->opt_.seq;
       t->data_(step, t->mesh_.coord().dp * t->opt_.micro_batches + mb, t->tokens_.span(), t->targets_.span());
+      t->set_dropout_context(c, step, mb, !eval);
       const auto c0 = std::chrono::steady_clock::now();
       if (!input.empty()) std::copy(input.begin(), input.end(), mdl.input(mb, b, s).begin());
       loss += double(mdl.forward(mb, loom::make_view(static_cast<const std::int32_t*>(t->tokens_.data()), b, s),
@@ -717,12 +755,22 @@ class trainer {
       auto& mdl = t->model(c);
       const auto c0 = std::chrono::steady_clock::now();
       if (!grad_output.empty()) std::copy(grad_output.begin(), grad_output.end(), mdl.output_grad(mb).begin());
+      t->set_dropout_context(c, step, mb, true);  // a recompute (checkpointing) and the backward draw the forward's masks
       mdl.backward(mb, T(loom::amp::scale_of(t->opt_.loss_scaler)) / T(t->opt_.micro_batches));
       if (!grad_input.empty()) std::copy_n(mdl.input_grad(mb).begin(), grad_input.size(), grad_input.begin());
       mdl.release(mb);
       busy += seconds(c0, std::chrono::steady_clock::now());
     }
   };
+
+  // The LoRA dropout's context for chunk c's next pass: step, and the global micro-batch mb's
+  // first token in the step's global batch (lora_dropout_at); training false: no dropout.
+  void set_dropout_context(int c, std::int64_t step, int mb, bool training) {
+    auto& st = chunks_[static_cast<std::size_t>(c)]->live_state;
+    const std::int64_t global_mb = std::int64_t(mesh_.coord().dp) * opt_.micro_batches + mb;
+    st.step = step, st.training = training;
+    st.first_token = global_mb * opt_.micro_batch_size * opt_.seq;
+  }
 
   /// The mean loss of the global batch from each rank's sum over its micro-batches (the last
   /// virtual stage's tp rank 0 ranks hold it), the same on every rank.
@@ -741,6 +789,7 @@ class trainer {
   loom::host_memory_resource base_mr_{"frozen base"};  // a quantised LoRA base's projections (declared before chunks_: outlives them)
   loom::comm::mesh<C> mesh_;
   loom::memory_resource* mr_;
+  loom::memory_resource* optimizer_mr_;  // optional: the optimizer state's own (tests measure it)
   loom::pipeline::schedule sched_;
   loom::pipeline::executor<T, C> exec_;
   std::unique_ptr<loom::pipeline::executor<T, C>> eval_exec_;  // forward_only, made on the first evaluate()

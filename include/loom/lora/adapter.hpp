@@ -46,6 +46,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace loom::lora {
 
@@ -56,25 +57,42 @@ using ops::in_view;
 enum class split { column, row };
 
 /// Dropout on the adapter's input: element (i, j) of the FULL [n, in] input is kept when the
-/// counter RNG's uniform at `offset + i * in + j` is >= p, and scaled by 1 / (1 - p) (PEFT's
-/// nn.Dropout). p = 0: no dropout. A new offset per micro-batch and step gives a new mask.
+/// counter RNG (seed, stream)'s uniform at `offset + i * in + j` is >= p, and scaled by
+/// 1 / (1 - p) (PEFT's nn.Dropout). p = 0: no dropout. A new offset or stream per micro-batch
+/// and step gives a new mask.
 struct dropout {
   double p = 0.0;
-  std::uint64_t seed = 0, offset = 0;
+  std::uint64_t seed = 0, offset = 0, stream = 0;
   bool active() const noexcept { return p > 0.0; }
 };
+
+/// out (+)= in * mask for the columns [col0, col0 + cols) of a [n, full_cols] input (accumulate:
+/// added, else written), the mask drawn as dropout_mask does: the mask need not be kept, any
+/// pass (a recompute under activation checkpointing, the backward) draws the same one again.
+template <compute_type T>
+inline void dropout_apply(const dropout& d, index_t col0, index_t full_cols, in_view<T, 2> in, tensor_view<T, host, 2> out,
+                          bool accumulate = false) {
+  LOOM_CHECK(d.p >= 0.0 && d.p < 1.0, "lora::dropout: p must be in [0, 1), got p=", d.p);
+  LOOM_CHECK(in.extent(0) == out.extent(0) && in.extent(1) == out.extent(1), "lora::dropout: input [", in.extent(0), ", ",
+             in.extent(1), "] and output [", out.extent(0), ", ", out.extent(1), "] differ");
+  const counter_rng rng(d.seed, d.stream);
+  const T keep = T(1.0 / (1.0 - d.p));
+  for (index_t i = 0; i < out.extent(0); ++i)
+    for (index_t j = 0; j < out.extent(1); ++j) {
+      const auto at = d.offset + static_cast<std::uint64_t>(i * full_cols + col0 + j);
+      const T v = static_cast<double>(rng.uniform(at)) >= d.p ? in(i, j) * keep : T(0);
+      out(i, j) = accumulate ? out(i, j) + v : v;
+    }
+}
 
 /// mask [n, cols] = keep / (1 - p) for the columns [col0, col0 + cols) of a [n, full_cols] input.
 template <compute_type T>
 inline void dropout_mask(const dropout& d, index_t col0, index_t full_cols, tensor_view<T, host, 2> mask) {
-  LOOM_CHECK(d.p >= 0.0 && d.p < 1.0, "lora::dropout: p must be in [0, 1), got p=", d.p);
-  const counter_rng rng(d.seed);
-  const T keep = T(1.0 / (1.0 - d.p));
-  for (index_t i = 0; i < mask.extent(0); ++i)
-    for (index_t j = 0; j < mask.extent(1); ++j) {
-      const auto at = d.offset + static_cast<std::uint64_t>(i * full_cols + col0 + j);
-      mask(i, j) = static_cast<double>(rng.uniform(at)) >= d.p ? keep : T(0);
-    }
+  std::vector<T> ones(static_cast<std::size_t>(mask.extent(1)), T(1));
+  for (index_t i = 0; i < mask.extent(0); ++i)  // row by row: each row's counters start at (i * full_cols)
+    dropout_apply(dropout{d.p, d.seed, d.offset + static_cast<std::uint64_t>(i * full_cols), d.stream}, col0, full_cols,
+                  make_view(static_cast<const T*>(ones.data()), index_t(1), mask.extent(1)),
+                  make_view(&mask(i, 0), index_t(1), mask.extent(1)));
 }
 
 template <compute_type T>
@@ -108,6 +126,7 @@ class adapter {
   index_t in_features() const noexcept { return a_.shape[1]; }   ///< local
   index_t out_features() const noexcept { return b_.shape[0]; }  ///< local
   index_t first_input() const noexcept { return col0_; }
+  index_t full_in_features() const noexcept { return in_; }
   index_t first_output() const noexcept { return row0_; }
   split parallel() const noexcept { return split_; }
   const nn::param_slot<2>& a() const noexcept { return a_; }
@@ -187,15 +206,22 @@ class adapter {
 
   /// The LoRA term as a partial sum over the tensor group, for a base layer whose own
   /// collectives sum it (the decoder's f and g around a column/row pair): y += scaling
-  /// (x A_local^T) B_local^T on every split, no communication. Row split: each rank's term uses
-  /// its h_local = x_local A_local^T, and the sum over ranks is the layer's; column split: it is
-  /// this rank's rows. No dropout, nothing kept (backward recomputes h).
+  /// (u A_local^T) B_rows^T on every split, no communication, u = dropout(x). Row split: each
+  /// rank's term uses its h_local = u_local A_local^T, and the sum over ranks is the layer's;
+  /// column split: it is this rank's rows. Nothing is kept: backward recomputes h, and draws
+  /// the same mask from d again (so a recompute under activation checkpointing does too).
+  /// B_rows: the rows [b_row0, b_row0 + y's columns) of B_local -- all of it, or one part of a
+  /// fused tensor (q/k/v, gate/up) whose parts the decoder runs as separate layers sharing A
+  /// and the mask; the parts' terms and gradients add up to the fused adapter's.
   template <param_type P>
-  void forward_partial(std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y, workspace<T>& ws, T scaling) const {
+  void forward_partial(std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y, workspace<T>& ws, T scaling,
+                       const dropout& d = {}, index_t b_row0 = 0) const {
     const index_t n = x.extent(0);
+    const auto u = input_partial(x, d, ws);
     auto h = make_view(ws.take(static_cast<std::size_t>(n * rank())).data(), n, rank());
-    ops::gemm(host{}, x, nn::weights_as<T>(a_, params, ws).transpose(0, 1), h);
-    ops::gemm(host{}, in_view<T, 2>(h), nn::weights_as<T>(b_, params, ws).transpose(0, 1), y, scaling, T(1));
+    ops::gemm(host{}, u, nn::weights_as<T>(a_, params, ws).transpose(0, 1), h);
+    ops::gemm(host{}, in_view<T, 2>(h), b_rows(nn::weights_as<T>(b_, params, ws), b_row0, y.extent(1)).transpose(0, 1), y,
+              scaling, T(1));
   }
   /// forward_partial's backward: dA, dB added into grads and dx += the LoRA term (skipped when
   /// dx is empty), each as this rank's part: dx is summed by the base layer's own collective,
@@ -203,16 +229,24 @@ class adapter {
   /// until sum_replicated_grad (once after all passes: gradients are linear in the passes).
   template <param_type P>
   void backward_partial(std::span<P> params, std::span<T> grads, in_view<T, 2> x, in_view<T, 2> dy,
-                        tensor_view<T, host, 2> dx, workspace<T>& ws, T scaling) const {
-    const index_t n = x.extent(0), r = rank();
+                        tensor_view<T, host, 2> dx, workspace<T>& ws, T scaling, const dropout& d = {},
+                        index_t b_row0 = 0) const {
+    const index_t n = x.extent(0), r = rank(), rows = dy.extent(1);
+    const auto u = input_partial(x, d, ws);
     auto h = make_view(ws.take(static_cast<std::size_t>(n * r)).data(), n, r);
     auto dh = make_view(ws.take(static_cast<std::size_t>(n * r)).data(), n, r);
     const auto A = nn::weights_as<T>(a_, params, ws);
-    ops::gemm(host{}, x, A.transpose(0, 1), h);                                    // h = x A^T
-    ops::gemm(host{}, dy.transpose(0, 1), in_view<T, 2>(h), b_.in(grads), scaling, T(1));  // dB += s dy^T h
-    ops::gemm(host{}, dy, nn::weights_as<T>(b_, params, ws), dh, scaling, T(0));  // dh = s dy B
-    ops::gemm(host{}, in_view<T, 2>(dh).transpose(0, 1), x, a_.in(grads), T(1), T(1));  // dA += dh^T x
-    if (!dx.empty()) ops::gemm(host{}, in_view<T, 2>(dh), A, dx, T(1), T(1));    // dx += dh A
+    const auto B = b_rows(nn::weights_as<T>(b_, params, ws), b_row0, rows);
+    auto dB = b_.in(grads);
+    ops::gemm(host{}, u, A.transpose(0, 1), h);                                               // h = u A^T
+    ops::gemm(host{}, dy.transpose(0, 1), in_view<T, 2>(h), make_view(&dB(b_row0, 0), rows, r), scaling, T(1));  // dB += s dy^T h
+    ops::gemm(host{}, dy, B, dh, scaling, T(0));                                              // dh = s dy B
+    ops::gemm(host{}, in_view<T, 2>(dh).transpose(0, 1), u, a_.in(grads), T(1), T(1));       // dA += dh^T u
+    if (dx.empty()) return;
+    if (!d.active()) return ops::gemm(host{}, in_view<T, 2>(dh), A, dx, T(1), T(1));         // dx += dh A
+    auto t = make_view(ws.take(static_cast<std::size_t>(n * in_features())).data(), n, in_features());
+    ops::gemm(host{}, in_view<T, 2>(dh), A, t);
+    dropout_apply(d, col0_, in_, in_view<T, 2>(t), dx, true);                                 // dx += (dh A) * mask
   }
   /// After the passes of forward_partial / backward_partial: the replicated factor's gradient
   /// in grads (this adapter's layout) summed over the tensor group, in place.
@@ -296,6 +330,21 @@ class adapter {
                in_features());
     LOOM_CHECK(a.h.size() == static_cast<std::size_t>(n * rank()), "lora::adapter: activations for ", a.h.size() / rank(),
                " rows, the input has ", n);
+  }
+  // dropout(x) drawn from d (nothing kept): x itself, or x * mask in the workspace
+  in_view<T, 2> input_partial(in_view<T, 2> x, const dropout& d, workspace<T>& ws) const {
+    LOOM_CHECK(x.extent(1) == in_features(), "lora::adapter: input has ", x.extent(1), " features, the adapter takes ",
+               in_features());
+    if (!d.active()) return x;
+    auto u = make_view(ws.take(static_cast<std::size_t>(x.extent(0) * in_features())).data(), x.extent(0), in_features());
+    dropout_apply(d, col0_, in_, x, u);
+    return in_view<T, 2>(u);
+  }
+  // rows [row0, row0 + rows) of B_local [out_local, r]
+  tensor_view<const T, host, 2> b_rows(tensor_view<const T, host, 2> B, index_t row0, index_t rows) const {
+    LOOM_CHECK(row0 >= 0 && row0 + rows <= out_features(), "lora::adapter: B rows [", row0, ", ", row0 + rows, ") of ",
+               out_features());
+    return make_view(&B(row0, 0), rows, rank());
   }
   // dropout(x): x itself, or x * mask in the workspace
   in_view<T, 2> input(in_view<T, 2> x, const activations& a, const dropout& d, workspace<T>& ws) const {

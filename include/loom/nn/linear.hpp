@@ -9,8 +9,9 @@
 // the weight (tied embedding / output projection) and adds its gradient into the same place.
 //
 // A layer may instead be backed by a frozen_op (set_frozen): a weight it does not hold in the
-// flat buffer (QLoRA's quantised base, with a LoRA adapter beside it) computes y and dx, and
-// there is no dW. Why a hook here rather than a second attention and MLP: the blocks keep one
+// flat buffer (QLoRA's quantised base, with a LoRA adapter beside it), or one it does but with
+// a LoRA branch the merged weight cannot express (dropout), computes x W^T and dx, and the op
+// decides about dW; a bias is still the layer's. Why a hook here rather than a second attention and MLP: the blocks keep one
 // data flow, and only the linear step differs.
 
 #include <loom/nn/parameters.hpp>
@@ -73,12 +74,10 @@ class linear {
   index_t out_features() const noexcept { return weight_.shape[0]; }
   const param_slot<2>& weight() const noexcept { return weight_; }
   const std::optional<param_slot<1>>& bias() const noexcept { return bias_; }
-  /// From now on `op` computes this layer (its weight slot is no longer read; a bias is
-  /// refused: the op owns the whole layer); null: the flat buffer again.
-  void set_frozen(const frozen_op<T>* op) {
-    LOOM_CHECK(!op || !bias_, "nn::linear::set_frozen: a layer with a bias cannot be frozen behind an op");
-    frozen_ = op;
-  }
+  /// From now on `op` computes this layer's x W^T and dx (its weight slot is no longer read);
+  /// a bias stays the layer's, read from and its gradient added into the flat buffers as
+  /// before; null: the flat buffer again.
+  void set_frozen(const frozen_op<T>* op) { frozen_ = op; }
   const frozen_op<T>* frozen() const noexcept { return frozen_; }
 
   /// y [n, out] = x [n, in] W^T + b   (y is overwritten)

@@ -56,6 +56,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace loom::zero {
@@ -77,18 +78,25 @@ struct engine_options {
   float gradient_clipping = 0.f;                  ///< max global gradient norm; 0: off
   offload_device offload_optimizer = offload_device::none;
   std::string nvme_path;                          ///< offload_optimizer.nvme_path
+  /// With optimizer groups (engine::set_groups): a group's Adam moments are allocated when it
+  /// first trains, not before (not with nvme offload, whose file is sized once); false: all
+  /// of them up front, as without groups.
+  bool lazy_group_state = true;
 };
 
 /// Per-rank memory resources. states: parameters, gradients, optimizer state (the
 /// accelerator's memory); scratch: buckets, gathered layers and the accumulation buffer;
 /// host: offloaded optimizer state. parameters (optional): when given, every parameter byte
 /// -- the (sharded) parameters, persistent copies and the stage-3 gather arena -- comes from
-/// it, so its peak is the most parameter memory the rank ever held.
+/// it, so its peak is the most parameter memory the rank ever held. optimizer (optional):
+/// when given, the fp32 master and Adam moments not offloaded come from it instead of states
+/// (its bytes are the optimizer state's alone).
 struct engine_resources {
   memory_resource* states;
   memory_resource* scratch;
   memory_resource* host;
   memory_resource* parameters = nullptr;
+  memory_resource* optimizer = nullptr;
 };
 
 /// Model-state bytes this rank holds, by kind (what the ZeRO formulas count).
@@ -160,7 +168,7 @@ class engine {
         comm, sz, ro, *res.scratch, Stage::shards_gradients::value ? std::span<G>{} : grads_.span(),
         Stage::shards_gradients::value ? grads_.span() : std::span<G>{});
     state_ = std::make_unique<optimizer_state>(Stage::shards_optimizer::value ? sz.shard_total() : sz.padded_total(),
-                                               opt.offload_optimizer, *res.states, *res.host, opt.nvme_path,
+                                               opt.offload_optimizer, state_resource(), *res.host, opt.nvme_path,
                                                static_cast<int>(rank_));
     // fp32 master from init(): the whole model (stage 0) or this rank's slices
     std::span<float> master = state_->master();
@@ -357,6 +365,20 @@ class engine {
     }
     ranges_ = std::move(ranges);
     groups_.assign(groups, group_settings{opt_.adamw, true, 0});
+    moments_.clear();
+    if (!opt_.lazy_group_state || opt_.offload_optimizer == offload_device::nvme) return;
+    // Lazy moments: the state keeps the master only, and each group (the last: elements in no
+    // range, which always train) its m and v in a buffer of its own, allocated at the first
+    // apply() that trains it -- so a frozen group costs no optimizer memory until it unfreezes.
+    LOOM_CHECK(step_ == 0, "zero::engine::set_groups: optimizer groups are set before the first step (", step_,
+               " steps taken): the moments move into per-group buffers");
+    moments_.resize(groups + 1);
+    for_each_piece([&](std::size_t, std::size_t, std::size_t n, std::size_t g, std::size_t) { moments_[g].n += n; });
+    auto master = std::make_unique<optimizer_state>(state_->size(), opt_.offload_optimizer, state_resource(), *res_.host,
+                                                    std::string{}, static_cast<int>(rank_), false);
+    std::ranges::copy(state_->master(), master->master().begin());
+    state_ = std::move(master);
+    allocate_moments(groups);
   }
   /// Group g's AdamW settings and whether it trains at the next apply().
   void set_group(std::size_t g, const adamw_config& c, bool trainable) {
@@ -371,14 +393,19 @@ class engine {
   /// fn(full_offset, master, exp_avg, exp_avg_sq) for this rank's slice of every parameter's
   /// fp32 optimizer state (stage 0: the slice of the whole copy it would own at stage 1), so
   /// the ranks' slices partition the state: what a sharded checkpoint saves and loads.
+  /// With lazy group moments (engine_options::lazy_group_state) the moments are lent as one
+  /// flat copy for the call (a group not yet allocated reads zeros, what allocation gives) and
+  /// taken back after it; a group whose moments come back nonzero is allocated then.
   template <class Fn>
   void for_each_state_slice(Fn&& fn) {
     const auto& sz = layout_.sizes();
-    std::span<float> master = state_->master(), m = state_->exp_avg(), v = state_->exp_avg_sq();
-    for (std::size_t p = 0; p < sz.params(); ++p) {
-      const std::size_t s = sz.shard_numel(p), at = Stage::shards_optimizer::value ? sz.shard_offset(p) : sz.offset(p) + rank_ * s;
-      fn(sz.offset(p) + rank_ * s, master.subspan(at, s), m.subspan(at, s), v.subspan(at, s));
-    }
+    std::span<float> master = state_->master();
+    with_flat_moments([&](std::span<float> m, std::span<float> v) {
+      for (std::size_t p = 0; p < sz.params(); ++p) {
+        const std::size_t s = sz.shard_numel(p), at = Stage::shards_optimizer::value ? sz.shard_offset(p) : sz.offset(p) + rank_ * s;
+        fn(sz.offset(p) + rank_ * s, master.subspan(at, s), m.subspan(at, s), v.subspan(at, s));
+      }
+    });
   }
   /// After the state slices were loaded (on every rank): `steps` AdamW steps taken, the
   /// parameters recomputed from the master. Stage 0 first gathers the whole master (every
@@ -387,15 +414,17 @@ class engine {
     LOOM_CHECK(steps >= 0, "zero::engine::restore: steps must be >= 0, got steps=", steps);
     if constexpr (!Stage::shards_optimizer::value) {
       const auto& sz = layout_.sizes();
-      for (std::span<float> x : {state_->master(), state_->exp_avg(), state_->exp_avg_sq()}) {
-        std::vector<float> slice;
-        for (std::size_t p = 0; p < sz.params(); ++p) {
-          const std::size_t s = sz.shard_numel(p);
-          slice.assign(x.begin() + static_cast<std::ptrdiff_t>(sz.offset(p) + rank_ * s),
-                       x.begin() + static_cast<std::ptrdiff_t>(sz.offset(p) + (rank_ + 1) * s));
-          comm_->all_gather(std::span<const float>(slice), x.subspan(sz.offset(p), sz.padded_numel(p)));
+      with_flat_moments([&](std::span<float> m, std::span<float> v) {
+        for (std::span<float> x : {state_->master(), m, v}) {
+          std::vector<float> slice;
+          for (std::size_t p = 0; p < sz.params(); ++p) {
+            const std::size_t s = sz.shard_numel(p);
+            slice.assign(x.begin() + static_cast<std::ptrdiff_t>(sz.offset(p) + rank_ * s),
+                         x.begin() + static_cast<std::ptrdiff_t>(sz.offset(p) + (rank_ + 1) * s));
+            comm_->all_gather(std::span<const float>(slice), x.subspan(sz.offset(p), sz.padded_numel(p)));
+          }
         }
-      }
+      });
     }
     step_ = steps;
     refresh_parameters();
@@ -441,7 +470,9 @@ class engine {
 
   /// Model-state bytes of this rank by kind.
   state_bytes bytes() const noexcept {
-    return {params_.bytes(), persistent_.bytes(), grads_.bytes(), 3 * state_->size() * sizeof(float)};
+    std::size_t optimizer = state_->bytes();
+    for (const auto& gm : moments_) optimizer += gm.mv.bytes();
+    return {params_.bytes(), persistent_.bytes(), grads_.bytes(), optimizer};
   }
   /// Stage 3: elements of the largest gather arena this engine has held (over the gather
   /// traces it was given; each plan keeps its live elements <= the unit in use + the prefetch
@@ -523,11 +554,31 @@ class engine {
   // apply() with groups: this rank's slice of each parameter (stage 0: all of it) cut at the
   // group ranges; a piece steps with its group's settings and t, or not at all.
   void apply_grouped(float scale) {
+    std::span<float> master = state_->master();
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      if (!groups_[g].trainable) continue;
+      ++groups_[g].steps;
+      if (!moments_.empty()) allocate_moments(g);
+    }
+    for_each_piece([&](std::size_t mo, std::size_t go, std::size_t n, std::size_t g, std::size_t local) {
+      const bool none = g == groups_.size();  // in no range: the engine's settings and t
+      if (!none && !groups_[g].trainable) return;
+      const auto [m, v] = moments_of(mo, g, local, n);
+      adamw_step<G>(master.subspan(mo, n), std::span<const G>(grads_.data() + go, n), m, v, none ? opt_.adamw : groups_[g].adamw,
+                    none ? step_ : groups_[g].steps, scale);
+    });
+  }
+  // fn(master offset, gradient offset, n, group, offset in the group's moments) for each piece
+  // of this rank's state: its slice of each parameter (stage 0: all of it) cut at the group
+  // ranges; group = groups_.size() for elements in no range. Always in the same order, so a
+  // group's pieces lie one after the other in its moments.
+  template <class Fn>
+  void for_each_piece(Fn&& fn) const {
     const auto& sz = layout_.sizes();
-    std::span<float> master = state_->master(), m = state_->exp_avg(), v = state_->exp_avg_sq();
-    for (auto& g : groups_) g.steps += g.trainable ? 1 : 0;
-    const auto step_piece = [&](std::size_t mo, std::size_t go, std::size_t n, const adamw_config& c, std::int64_t t) {
-      adamw_step<G>(master.subspan(mo, n), std::span<const G>(grads_.data() + go, n), m.subspan(mo, n), v.subspan(mo, n), c, t, scale);
+    std::vector<std::size_t> local(groups_.size() + 1, 0);
+    const auto piece = [&](std::size_t mo, std::size_t go, std::size_t n, std::size_t g) {
+      fn(mo, go, n, g, local[g]);
+      local[g] += n;
     };
     for (std::size_t p = 0; p < sz.params(); ++p) {
       const std::size_t s = sz.shard_numel(p);
@@ -539,22 +590,65 @@ class engine {
       auto r = std::lower_bound(ranges_.begin(), ranges_.end(), fb, [](const group_range& x, std::size_t at) { return x.end <= at; });
       for (std::size_t at = fb; at < fe;) {
         if (r == ranges_.end() || r->begin >= fe) {  // the rest is in no range
-          step_piece(mb + (at - fb), gb + (at - fb), fe - at, opt_.adamw, step_);
+          piece(mb + (at - fb), gb + (at - fb), fe - at, groups_.size());
           break;
         }
         if (at < r->begin) {  // a gap before the next range
-          step_piece(mb + (at - fb), gb + (at - fb), r->begin - at, opt_.adamw, step_);
+          piece(mb + (at - fb), gb + (at - fb), r->begin - at, groups_.size());
           at = r->begin;
         }
         const std::size_t end = std::min(r->end, fe);
-        const group_settings& g = groups_[r->group];
-        if (g.trainable) step_piece(mb + (at - fb), gb + (at - fb), end - at, g.adamw, g.steps);
+        piece(mb + (at - fb), gb + (at - fb), end - at, r->group);
         at = end;
         if (end == r->end) ++r;
       }
     }
   }
+  // The moments (m, v) of a piece: in the state, or in its group's buffer (lazy).
+  std::pair<std::span<float>, std::span<float>> moments_of(std::size_t mo, std::size_t g, std::size_t local, std::size_t n) {
+    if (moments_.empty()) return {state_->exp_avg().subspan(mo, n), state_->exp_avg_sq().subspan(mo, n)};
+    const std::span<float> mv = moments_[g].mv.span();
+    return {mv.subspan(local, n), mv.subspan(moments_[g].n + local, n)};
+  }
+  memory_resource& state_resource() const noexcept { return res_.optimizer ? *res_.optimizer : *res_.states; }
+  // Group g's moments, zero, where the state would hold them (host with cpu offload).
+  void allocate_moments(std::size_t g) {
+    group_moments& gm = moments_[g];
+    if (gm.allocated) return;
+    gm.mv = buffer<float>(2 * gm.n, opt_.offload_optimizer == offload_device::cpu ? *res_.host : state_resource());
+    std::ranges::fill(gm.mv.span(), 0.f);
+    gm.allocated = true;
+  }
+  // fn(m, v) over flat [state size] moments: the state's own, or (lazy) a copy of the groups'
+  // (zeros where not allocated) written back after fn, allocating a group that came back nonzero.
+  template <class Fn>
+  void with_flat_moments(Fn&& fn) {
+    if (moments_.empty()) return fn(state_->exp_avg(), state_->exp_avg_sq());
+    std::vector<float> m(state_->size(), 0.f), v(state_->size(), 0.f);
+    for_each_piece([&](std::size_t mo, std::size_t, std::size_t n, std::size_t g, std::size_t local) {
+      if (!moments_[g].allocated) return;
+      const auto [gm, gv] = moments_of(mo, g, local, n);
+      std::ranges::copy(gm, m.begin() + static_cast<std::ptrdiff_t>(mo));
+      std::ranges::copy(gv, v.begin() + static_cast<std::ptrdiff_t>(mo));
+    });
+    fn(std::span<float>(m), std::span<float>(v));
+    for_each_piece([&](std::size_t mo, std::size_t, std::size_t n, std::size_t g, std::size_t) {
+      for (std::size_t i = mo; i < mo + n && !moments_[g].allocated; ++i)
+        if (m[i] != 0.f || v[i] != 0.f) allocate_moments(g);
+    });
+    for_each_piece([&](std::size_t mo, std::size_t, std::size_t n, std::size_t g, std::size_t local) {
+      if (!moments_[g].allocated) return;
+      const auto [gm, gv] = moments_of(mo, g, local, n);
+      std::copy_n(m.begin() + static_cast<std::ptrdiff_t>(mo), n, gm.begin());
+      std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(mo), n, gv.begin());
+    });
+  }
 
+  struct group_moments {
+    buffer<float> mv;  // [2 n]: m, then v
+    std::size_t n = 0;
+    bool allocated = false;
+  };
   struct group_settings {
     adamw_config adamw;
     bool trainable = true;
@@ -586,6 +680,7 @@ class engine {
   std::vector<comm::work> works_;
   std::vector<group_range> ranges_;     // sorted, disjoint (set_groups)
   std::vector<group_settings> groups_;
+  std::vector<group_moments> moments_;  // lazy group moments: [groups + 1] (the last: no range); empty: in state_
 };
 
 }  // namespace loom::zero

@@ -41,10 +41,13 @@ inline offload_device parse_offload_device(std::string_view s) {
 class optimizer_state {
  public:
   /// n elements per tensor. `device` is charged for `none`, `host` for `cpu`; `nvme_path`
-  /// is a directory for `nvme` (tag makes the file name unique, e.g. the rank).
+  /// is a directory for `nvme` (tag makes the file name unique, e.g. the rank). moments
+  /// false: the master only (a driver that keeps the moments elsewhere, e.g. per optimizer
+  /// group allocated when the group first trains; not with nvme).
   optimizer_state(std::size_t n, offload_device where, memory_resource& device, memory_resource& host,
-                  const std::string& nvme_path = {}, int tag = 0)
-      : n_(n), where_(where) {
+                  const std::string& nvme_path = {}, int tag = 0, bool moments = true)
+      : n_(n), where_(where), moments_(moments) {
+    LOOM_CHECK(moments || where != offload_device::nvme, "zero::optimizer_state: a master without moments is not kept on nvme");
     if (where == offload_device::nvme) {
       LOOM_CHECK(!nvme_path.empty(), "offload_optimizer.nvme_path must name a directory when device=nvme");
       static std::atomic<unsigned> counter{0};
@@ -70,7 +73,7 @@ class optimizer_state {
       }
       base_ = map_;
     } else {
-      mem_ = buffer<float>(3 * n, where == offload_device::cpu ? host : device);
+      mem_ = buffer<float>((moments ? 3 : 1) * n, where == offload_device::cpu ? host : device);
       base_ = mem_.data();
     }
   }
@@ -82,9 +85,12 @@ class optimizer_state {
   offload_device where() const noexcept { return where_; }
   /// The backing file (nvme only).
   const std::string& path() const noexcept { return path_; }
+  bool has_moments() const noexcept { return moments_; }
+  /// Bytes held: master (+ moments).
+  std::size_t bytes() const noexcept { return (moments_ ? 3 : 1) * n_ * sizeof(float); }
   std::span<float> master() noexcept { return {base_, n_}; }
-  std::span<float> exp_avg() noexcept { return {base_ + n_, n_}; }
-  std::span<float> exp_avg_sq() noexcept { return {base_ + 2 * n_, n_}; }
+  std::span<float> exp_avg() noexcept { return {base_ + n_, moments_ ? n_ : 0}; }
+  std::span<float> exp_avg_sq() noexcept { return {base_ + 2 * n_, moments_ ? n_ : 0}; }
 
  private:
   void cleanup() noexcept {
@@ -98,6 +104,7 @@ class optimizer_state {
   }
   std::size_t n_;
   offload_device where_;
+  bool moments_ = true;
   buffer<float> mem_;
   float* map_ = nullptr;
   float* base_ = nullptr;

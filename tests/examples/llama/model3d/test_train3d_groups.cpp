@@ -133,6 +133,87 @@ TEST_CASE("progressive unfreezing: each step changes exactly the groups the sche
   check_schedule(groups_train({1, 1, 2}, 1, g, 10), g, 10);
 }
 
+TEST_CASE("progressive unfreezing: a group's Adam moments are allocated when it unfreezes, on ZeRO 0-3; the run equals the up-front one bit for bit") {
+  // Per rank, with N its fp32 master elements (stage 0: the padded layout; 1-3: its slice of
+  // each unit), n_g the elements of group g among them and n_0 those in no group (padding):
+  //   optimizer bytes after step s = 4 N + 8 (n_0 + sum of n_g over the groups trained at a step <= s)
+  // (before the first step: no group yet), measured by the memory resource the trainer puts
+  // the optimizer state in, and by the engine's own accounting. Up front: 12 N throughout.
+  const auto cfg = train3d_suite::tiny(false);
+  const auto g = unfreeze_30_40_30(1e-2f);
+  const int n = 10;
+  for (const auto& [mesh, zero] : {std::pair{loom::comm::mesh_shape{1, 1, 1}, 0}, {loom::comm::mesh_shape{2, 1, 1}, 1},
+                                   {loom::comm::mesh_shape{2, 1, 1}, 2}, {loom::comm::mesh_shape{2, 2, 1}, 3}}) {
+    CAPTURE(mesh.dp);
+    CAPTURE(mesh.tp);
+    CAPTURE(zero);
+    auto o = train3d_suite::options(mesh, zero, "1f1b", 4 / mesh.dp);
+    o.groups = g;
+    o.total_steps = n;
+    std::vector<double> losses[2];
+    std::vector<float> master[2];
+    for (const bool lazy : {true, false}) {
+      CAPTURE(lazy);
+      o.lazy_group_state = lazy;
+      std::vector<int> ok(static_cast<std::size_t>(mesh.size()), 0), grew(ok);
+      loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
+        loom::host_memory_resource opt_mr("optimizer state");
+        groups_trainer t(world, cfg, o, loom::default_resource<loom::host>(), nullptr, &opt_mr);
+        // n_g on this rank from the layout's sizes and the tensors' groups
+        const auto& sz = t.engine().layout().sizes();
+        const auto groups = t.groups().groups.size();
+        const std::size_t rank = static_cast<std::size_t>(t.mesh().coord().dp);
+        std::vector<std::size_t> in_group(groups, 0);
+        std::size_t N = 0;
+        for (std::size_t p = 0; p < sz.params(); ++p) {
+          const std::size_t s = sz.shard_numel(p);
+          const std::size_t b = zero == 0 ? sz.offset(p) : sz.offset(p) + rank * s, e = zero == 0 ? sz.offset(p) + sz.padded_numel(p) : b + s;
+          N += e - b;
+          for (const auto& sh : t.model().shards()) {
+            const std::size_t lo = std::max(b, sh.local_offset), hi = std::min(e, sh.local_offset + std::size_t(sh.rows * sh.cols));
+            if (lo < hi) in_group[t.group_of(sh.name)] += hi - lo;
+          }
+        }
+        std::size_t rest = N;
+        for (std::size_t k = 0; k < groups; ++k) rest -= in_group[k];
+        std::vector<bool> trained(groups, false);
+        auto expected = [&] {
+          std::size_t b = 4 * N + 8 * rest;
+          for (std::size_t k = 0; k < groups; ++k) b += trained[k] ? 8 * in_group[k] : 0;
+          return lazy ? b : 12 * N;
+        };
+        bool good = opt_mr.current_bytes() == expected() && t.bytes().optimizer == expected();
+        std::size_t before_top = 0;
+        std::vector<double> l;
+        for (int s = 0; s < n; ++s) {
+          const auto on = t.trainable_now();
+          for (std::size_t k = 0; k < groups; ++k) trained[k] = trained[k] || on[k];
+          if (s == 3) before_top = opt_mr.current_bytes();  // "top" unfreezes at step 3 (30% of 10)
+          l.push_back(t.step([&](std::int64_t step, int gm, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+                         llama3d::counting_batch(7, step, gm, o.micro_batch_size, o.seq, cfg.vocab, tok, tgt);
+                       }).loss);
+          good = good && opt_mr.current_bytes() == expected() && t.bytes().optimizer == expected();
+          if (s == 3) {
+            const std::size_t top = 1;  // unfreeze_30_40_30's second group
+            grew[static_cast<std::size_t>(world.rank())] = opt_mr.current_bytes() - before_top == (lazy ? 8 * in_group[top] : 0) &&
+                                                           in_group[top] > 0;
+          }
+        }
+        ok[static_cast<std::size_t>(world.rank())] = good;
+        auto m = t.consolidated_master();
+        if (world.rank() == 0) losses[lazy ? 0 : 1] = l, master[lazy ? 0 : 1] = std::move(m);
+      });
+      for (int r = 0; r < mesh.size(); ++r) {
+        CAPTURE(r);
+        CHECK(ok[static_cast<std::size_t>(r)]);
+        CHECK(grew[static_cast<std::size_t>(r)]);
+      }
+    }
+    CHECK(losses[0] == losses[1]);
+    CHECK(master[0] == master[1]);
+  }
+}
+
 TEST_CASE("per-group lr, its schedule scaling and its own bias correction against AdamW's first step") {
   // 4 steps: [0, 2) the head alone at its lr 1e-2, then everything at the run's lr 3e-3; the
   // schedule halves the lr at step 0 (the head's scales with it)

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -50,9 +51,12 @@ struct lora_run {
   bool base_unchanged = true;  // on every rank
 };
 
-lora_run lora_train(const llama::config& cfg, loom::comm::mesh_shape mesh, int zero, int n_steps) {
+lora_run lora_train(const llama::config& cfg, loom::comm::mesh_shape mesh, int zero, int n_steps, double dropout = 0,
+                    bool checkpointing = false) {
   auto o = train3d_suite::options(mesh, zero, "1f1b", 4 / mesh.dp);
   o.lora = lora_cfg(cfg);
+  o.lora->lora_dropout = dropout;
+  o.checkpointing = checkpointing;
   o.adamw.lr = 1e-2f;
   lora_run out;
   std::vector<int> unchanged(static_cast<std::size_t>(mesh.size()), 0);
@@ -88,6 +92,121 @@ void lora_grads_all(const lora_adapters& lo, thread_comm& self, std::vector<doub
   for (std::size_t u = 0; u < lo.units(); ++u)
     lo.backward(self, u, lo.layout().unit(std::span<double>(lp), u), lo.layout().unit(std::span<double>(lg), u),
                 std::span<const double>(m.grads()), ws);
+}
+
+// The oracle of the dropout path: one adapted layer (a part of a fused tensor: its rows of B)
+// in dense loops, y = x W^T + s B A (mask * x) and its backward, the mask drawn from the
+// public lora_dropout_at / lora::dropout_mask; dA, dB added into a full-layout buffer.
+struct naive_lora final : loom::nn::frozen_op<double> {
+  const double* w = nullptr;  // W [rows, cols] in the model's buffer
+  const float* a = nullptr;   // A [r, cols]
+  const float* b = nullptr;   // this layer's rows of B [rows, r]
+  double *da = nullptr, *db = nullptr;
+  loom::index_t rows = 0, cols = 0, r = 0;
+  double s = 1, p = 0;
+  std::string name;
+  std::uint64_t seed = 0;
+  std::int64_t step = 0, first_token = 0;
+
+  std::vector<double> mask(loom::index_t n) const {
+    std::vector<double> m(static_cast<std::size_t>(n * cols));
+    loom::lora::dropout_mask(llama3d::lora_dropout_at(p, seed, step, name, first_token, cols), 0, cols,
+                             loom::make_view(m.data(), n, cols));
+    return m;
+  }
+  // h [n, r] = (mask * x) A^T
+  std::vector<double> h_of(loom::tensor_view<const double, loom::host, 2> x, const std::vector<double>& m) const {
+    const loom::index_t n = x.extent(0);
+    std::vector<double> h(static_cast<std::size_t>(n * r), 0.0);
+    for (loom::index_t i = 0; i < n; ++i)
+      for (loom::index_t k = 0; k < r; ++k)
+        for (loom::index_t j = 0; j < cols; ++j) h[i * r + k] += double(a[k * cols + j]) * m[i * cols + j] * x(i, j);
+    return h;
+  }
+  void forward(loom::tensor_view<const double, loom::host, 2> x, loom::tensor_view<double, loom::host, 2> y,
+               loom::nn::workspace<double>&) const override {
+    const loom::index_t n = x.extent(0);
+    const auto h = h_of(x, mask(n));
+    for (loom::index_t i = 0; i < n; ++i)
+      for (loom::index_t o = 0; o < rows; ++o) {
+        double base = 0, low = 0;
+        for (loom::index_t j = 0; j < cols; ++j) base += x(i, j) * w[o * cols + j];
+        for (loom::index_t k = 0; k < r; ++k) low += double(b[o * r + k]) * h[i * r + k];
+        y(i, o) = base + s * low;
+      }
+  }
+  void backward(loom::tensor_view<const double, loom::host, 2> x, loom::tensor_view<const double, loom::host, 2> dy,
+                loom::tensor_view<double, loom::host, 2> dx, bool accumulate, loom::nn::workspace<double>&) const override {
+    const loom::index_t n = x.extent(0);
+    const auto m = mask(n);
+    const auto h = h_of(x, m);
+    std::vector<double> dh(static_cast<std::size_t>(n * r), 0.0);  // s dy B
+    for (loom::index_t i = 0; i < n; ++i)
+      for (loom::index_t k = 0; k < r; ++k)
+        for (loom::index_t o = 0; o < rows; ++o) dh[i * r + k] += s * dy(i, o) * double(b[o * r + k]);
+    for (loom::index_t o = 0; o < rows; ++o)
+      for (loom::index_t k = 0; k < r; ++k)
+        for (loom::index_t i = 0; i < n; ++i) db[o * r + k] += s * dy(i, o) * h[i * r + k];
+    for (loom::index_t k = 0; k < r; ++k)
+      for (loom::index_t j = 0; j < cols; ++j)
+        for (loom::index_t i = 0; i < n; ++i) da[k * cols + j] += dh[i * r + k] * m[i * cols + j] * x(i, j);
+    if (dx.empty()) return;
+    for (loom::index_t i = 0; i < n; ++i)
+      for (loom::index_t j = 0; j < cols; ++j) {
+        double v = 0, low = 0;
+        for (loom::index_t o = 0; o < rows; ++o) v += dy(i, o) * w[o * cols + j];
+        for (loom::index_t k = 0; k < r; ++k) low += dh[i * r + k] * double(a[k * cols + j]);
+        dx(i, j) = (accumulate ? dx(i, j) : 0.0) + v + m[i * cols + j] * low;
+      }
+  }
+};
+
+struct dropout_reference {
+  double loss = 0;
+  std::vector<double> grads;  // in the single-rank adapter layout
+};
+
+// The loss and the adapters' mean gradient of step `step` of a run with options o, adapters
+// `adapters` (single-rank layout), from the stage model with naive_lora behind every adapted layer.
+dropout_reference dropout_reference_step(thread_comm& self, const llama::config& cfg, const llama3d::train_options& o,
+                                         const std::vector<float>& adapters, std::int64_t step) {
+  const auto full = llama3d::lora_full_layout(*o.lora, cfg);
+  dropout_reference out;
+  out.grads.assign(full.size(), 0.0);
+  lora_model m(cfg, self, 0, 1);
+  m.init(o.seed);
+  std::vector<std::unique_ptr<naive_lora>> ops;
+  m.for_each_frozen_linear([&](std::size_t offset, loom::nn::linear<double>& l) {
+    for (const auto& e : full.entries()) {
+      if (!e.name.ends_with(".lora_A.weight")) continue;
+      const std::string name = e.name.substr(0, e.name.size() - std::strlen(".lora_A.weight"));
+      const auto& wi = m.layout().find(name + ".weight");
+      if (offset < wi.offset || offset >= wi.offset + wi.numel) continue;
+      const auto& bi = full.find(name + ".lora_B.weight");
+      auto op = std::make_unique<naive_lora>();
+      op->rows = l.out_features(), op->cols = l.in_features(), op->r = o.lora->r;
+      const auto row0 = static_cast<loom::index_t>((offset - wi.offset) / static_cast<std::size_t>(op->cols));
+      op->w = m.params().data() + offset;
+      op->a = adapters.data() + e.offset, op->b = adapters.data() + bi.offset + row0 * op->r;
+      op->da = out.grads.data() + e.offset, op->db = out.grads.data() + bi.offset + row0 * op->r;
+      op->s = o.lora->scaling(), op->p = o.lora->lora_dropout, op->name = name, op->seed = o.seed, op->step = step;
+      l.set_frozen(op.get());
+      ops.push_back(std::move(op));
+    }
+  });
+  const loom::index_t b = o.micro_batch_size, s = o.seq;
+  std::vector<std::int32_t> tok(b * s), tgt(b * s);
+  for (int g = 0; g < o.micro_batches; ++g) {
+    llama3d::counting_batch(7, step, g, b, s, cfg.vocab, tok, tgt);
+    for (auto& op : ops) op->first_token = std::int64_t(g) * b * s;
+    m.zero_grad();
+    out.loss += m.forward(0, loom::make_view(static_cast<const std::int32_t*>(tok.data()), b, s),
+                          loom::make_view(static_cast<const std::int32_t*>(tgt.data()), b, s)) /
+                o.micro_batches;
+    m.backward(0, 1.0 / o.micro_batches);
+    m.release(0);
+  }
+  return out;
 }
 
 void lora_compare(const lora_run& got, const lora_run& want) {
@@ -175,7 +294,69 @@ TEST_CASE("LoRA on a frozen base: tp 2, dp 2 ZeRO-3, pp 2 and (2,2,2) reproduce 
   }
 }
 
-TEST_CASE("LoRA in the trainer refuses targets the model lacks, dropout, r <= 0, naming them") {
+TEST_CASE("LoRA dropout in the trainer: loss, dA and dB equal dense loops drawing the mask from lora_dropout_at (LLaMA, ChatGLM; checkpointing)") {
+  for (const llama::config& cfg : {train3d_suite::tiny(false), lora_tiny_glm()}) {
+    CAPTURE(cfg.model_type);
+    auto o = train3d_suite::options({1, 1, 1}, 0, "1f1b", 2);
+    o.lora = lora_cfg(cfg);
+    o.lora->lora_dropout = 0.3;
+    o.adamw.lr = 1e-2f;
+    o.checkpointing = true;  // the recompute draws the forward's masks again
+    loom::comm::run_ranks(1, [&](thread_comm& world) {
+      llama3d::trainer<double, double, thread_comm> t(world, cfg, o, loom::default_resource<loom::host>());
+      auto data = [&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+        llama3d::counting_batch(7, step, g, o.micro_batch_size, o.seq, cfg.vocab, tok, tgt);
+      };
+      t.step(data);  // B trained away from zero: dA and the LoRA term are not zero
+      const std::vector<float> adapters = t.consolidated_lora();
+      const double loss = t.step(data).loss;
+      const std::span<const double> got = t.engine().accumulation();  // stage 0: the mean gradient, kept after the step
+      const dropout_reference want = dropout_reference_step(world, cfg, o, adapters, 1);
+      CHECK(std::abs(loss - want.loss) <= 1e-4 * std::abs(want.loss));
+      REQUIRE(got.size() >= want.grads.size());
+      double worst = 0, norm = 0;
+      for (std::size_t i = 0; i < want.grads.size(); ++i)
+        worst = std::max(worst, std::abs(got[i] - want.grads[i])), norm = std::max(norm, std::abs(want.grads[i]));
+      CHECK(norm > 1e-4);
+      CHECK(worst <= 1e-4 * norm);
+      // the dropout acted: without it the same adapters give another loss
+      auto o0 = o;
+      o0.lora->lora_dropout = 0;
+      CHECK(std::abs(dropout_reference_step(world, cfg, o0, adapters, 1).loss - want.loss) > 1e-6);
+    });
+  }
+  // the mask: keep rate about 1 - p, kept elements scaled by 1 / (1 - p), a new mask per step and token
+  std::vector<double> m0(64 * 32), m1(64 * 32), m2(64 * 32);
+  loom::lora::dropout_mask(llama3d::lora_dropout_at(0.25, 3, 0, "layers.0.attention.wq", 0, 32), 0, 32, loom::make_view(m0.data(), 64, 32));
+  loom::lora::dropout_mask(llama3d::lora_dropout_at(0.25, 3, 1, "layers.0.attention.wq", 0, 32), 0, 32, loom::make_view(m1.data(), 64, 32));
+  loom::lora::dropout_mask(llama3d::lora_dropout_at(0.25, 3, 0, "layers.0.attention.wq", 32, 32), 0, 32, loom::make_view(m2.data(), 32, 32));
+  int kept = 0;
+  for (double v : m0) {
+    CHECK((v == 0.0 || std::abs(v - 1 / 0.75) < 1e-12));
+    kept += v != 0.0;
+  }
+  CHECK(std::abs(kept / double(m0.size()) - 0.75) < 0.05);
+  CHECK(m0 != m1);
+  CHECK(std::equal(m2.begin(), m2.begin() + 32 * 32, m0.begin() + 32 * 32));  // token 32's row is token 32's row
+}
+
+TEST_CASE("LoRA dropout 0.2: tp 2, dp 2 ZeRO-3 and pp 2 with checkpointing reproduce the (1,1,1) run (LLaMA, ChatGLM)") {
+  for (const llama::config& cfg : {train3d_suite::tiny(false), lora_tiny_glm()}) {
+    CAPTURE(cfg.model_type);
+    const int n = 4;
+    const lora_run ref = lora_train(cfg, {1, 1, 1}, 0, n, 0.2);
+    CHECK(ref.losses.back() < ref.losses.front());
+    for (const auto& [mesh, zero] : {std::pair{loom::comm::mesh_shape{1, 2, 1}, 1}, {loom::comm::mesh_shape{2, 1, 1}, 3},
+                                     {loom::comm::mesh_shape{1, 1, 2}, 2}}) {
+      CAPTURE(mesh.dp);
+      CAPTURE(mesh.tp);
+      CAPTURE(mesh.pp);
+      lora_compare(lora_train(cfg, mesh, zero, n, 0.2, mesh.pp > 1), ref);
+    }
+  }
+}
+
+TEST_CASE("LoRA in the trainer refuses targets the model lacks, a dropout outside [0, 1), r <= 0, naming them") {
   using loom::test::error_of;
   loom::comm::run_ranks(1, [&](thread_comm& world) {
     auto make = [&](const llama::config& cfg, auto edit) {
@@ -188,7 +369,10 @@ TEST_CASE("LoRA in the trainer refuses targets the model lacks, dropout, r <= 0,
               .find("target module 'q_proj' is not a layer of this chatglm model") != std::string::npos);
     CHECK(make(train3d_suite::tiny(false), [](auto& l) { l.target_modules = {"dense"}; })
               .find("target module 'dense' is not a layer of this llama model") != std::string::npos);
-    CHECK(make(train3d_suite::tiny(false), [](auto& l) { l.lora_dropout = 0.1; }).find("lora_dropout=0.1") != std::string::npos);
+    for (const double p : {-0.1, 1.0, std::nan("")}) {
+      CAPTURE(p);
+      CHECK(make(train3d_suite::tiny(false), [&](auto& l) { l.lora_dropout = p; }).find("lora_dropout=") != std::string::npos);
+    }
     CHECK(make(train3d_suite::tiny(false), [](auto& l) { l.r = 0; }).find("r=0") != std::string::npos);
   });
 }

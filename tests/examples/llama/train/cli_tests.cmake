@@ -143,7 +143,7 @@ foreach(_bad "r;--lora-r;0;--lora-r must be >= 1, got 0"
              "alpha;--lora-alpha;eight;flag --lora-alpha needs a number, got 'eight'"
              "target;--lora-targets;q_proj,qproj;unknown target module 'qproj'"
              "chatglm_target;--lora-targets;query_key_value;target module 'query_key_value' is not a layer of this llama model"
-             "dropout;--lora-dropout;0.1;lora_dropout must be 0, got lora_dropout=0.1"
+             "dropout;--lora-dropout;1.5;lora_dropout must be in \\[0, 1\\), got lora_dropout=1.5"
              "save;--save;${CMAKE_CURRENT_BINARY_DIR}/cli_lora_save;--save / --resume with LoRA"
              "base;--lora-base;int4;--lora-base must be fp32, bf16 or nf4, got 'int4'")
   list(GET _bad 0 _name)
@@ -166,8 +166,9 @@ add_test(NAME llama_train_cli_unfreeze_lora COMMAND llama-train --dp 2 --zero 2 
 set_tests_properties(llama_train_cli_unfreeze_lora PROPERTIES PASS_REGULAR_EXPRESSION
                      "step 1/4: training groups lora_top. frozen lora base\n.*step 3/4: training groups lora_top lora. frozen base\n.*step 4/4 \\| loss"
                      ENVIRONMENT OPENBLAS_NUM_THREADS=1 TIMEOUT 60)
-# the seed's recipe: LoRA, then the top layer's base, then everything (ZeRO 0-2)
-add_test(NAME llama_train_cli_unfreeze_lora_base COMMAND llama-train --dp 2 --zero 1 --lora-r 4 --group "lora=*lora_*"
+# the seed's recipe: LoRA, then the top layer's base, then everything (ZeRO 0-2); with LoRA
+# dropout, so the fp32 base runs unmerged and its unfrozen weights take their gradient from the frozen ops
+add_test(NAME llama_train_cli_unfreeze_lora_base COMMAND llama-train --dp 2 --zero 1 --lora-r 4 --lora-dropout 0.1 --group "lora=*lora_*"
          --group top=@-1: --unfreeze "0.3:lora,0.7:lora+top,1:lora+top+base" --group-lr lora=3e-3 --group-lr base=1e-4
          ${_small} --steps 10)
 set_tests_properties(llama_train_cli_unfreeze_lora_base PROPERTIES PASS_REGULAR_EXPRESSION
