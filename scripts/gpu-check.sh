@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU check in one command: scripts/gpu-check.sh OUTDIR
 #
-# Configures a build of only what the GPU needs (CUDA on; examples, benchmarks and header
-# tests off) in build-gpu/, builds the executables of the tests labelled `gpu` (the
-# loom_gpu_tests target) with every core, runs them, runs the kernel test under
-# compute-sanitizer when it is installed, and writes under OUTDIR:
+# Configures a build of only what the GPU needs (CUDA on; examples and header tests off) in
+# build-gpu/, builds the executables of the tests labelled `gpu` (the loom_gpu_tests target)
+# and the short GPU benchmark (loom-bench-gpu) with every core, runs the tests, runs the kernel
+# test under compute-sanitizer when it is installed, runs the benchmark, and writes under OUTDIR:
 #   summary.txt          one line per phase with its seconds, and the verdict
 #   nvidia-smi.txt       the device (or why there is none)
+#   bench.txt            loom-bench-gpu's table (GEMM TFLOP/s, paged decode GB/s, ... vs peak)
 #   configure.log, build.log, ctest.log, ctest-junit.xml, compute-sanitizer.log
 # Without a CUDA device it still builds, says so in its first line and in summary.txt, and
 # the GPU tests report themselves skipped (exit code 77). Exit status: 0 when every GPU test
@@ -46,9 +47,9 @@ else
 fi
 
 phase configure configure.log cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_ENABLE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_BUILD_BENCHMARKS=OFF -DLOOM_HEADER_TESTS=OFF \
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_BUILD_BENCHMARKS=ON -DLOOM_HEADER_TESTS=OFF \
   -DLOOM_BUILD_TESTS=ON || { note "FAILED: configure (see configure.log)"; exit 1; }
-phase build build.log cmake --build "$build" --target loom_gpu_tests -j "$jobs" || { note "FAILED: build (see build.log)"; exit 1; }
+phase build build.log cmake --build "$build" --target loom_gpu_tests loom-bench-gpu -j "$jobs" || { note "FAILED: build (see build.log)"; exit 1; }
 
 export OPENBLAS_NUM_THREADS=1
 phase ctest ctest.log ctest --test-dir "$build" -L gpu --output-on-failure --output-junit "$out/ctest-junit.xml" -j 1
@@ -60,6 +61,12 @@ if [[ $device == 1 ]] && command -v compute-sanitizer > /dev/null; then
     "$build/tests/ops/cuda/ops_cuda_kernels_test" || status=1
 elif [[ $device == 1 ]]; then
   note "compute-sanitizer not found: memcheck not run"
+fi
+
+# A measurement, not a verdict: its exit status only says whether it ran
+if [[ $device == 1 ]]; then
+  phase bench bench.txt timeout 240 "$build/benchmarks/gpu/loom-bench-gpu" || note "the benchmark did not finish (see bench.txt)"
+  sed 's/^/  /' "$out/bench.txt" >> "$out/summary.txt"
 fi
 
 if [[ $status == 0 && $device == 0 ]]; then

@@ -1,0 +1,211 @@
+// loom-bench-gpu: the short GPU benchmark of scripts/gpu-check.sh. Each row times one of loom's
+// CUDA kernels with CUDA events (median of --reps launches after warm-up launches) and states
+// it against the device's peak, which the command line gives (defaults: an H200's dense bf16
+// tensor peak and HBM3e bandwidth from its data sheet; pass your device's):
+//   GEMM (cuBLAS through ops::gemm, fp32 accumulation) at a ~1B LLaMA's training shapes:
+//     TFLOP/s and % of --peak-tflops (bf16) / --peak-tflops-fp32
+//   paged decode attention (kv::batch_decode_with_paged_kv_cache, bf16 pool, GQA):
+//     the keys and values read per launch / time, GB/s and % of --peak-gbs
+//   NF4 dequantisation (quant::nf4_dequantize_rows into bf16): bytes read + written / time
+//   embedding forward and RMSNorm forward: bytes moved / time
+// Without a device it says so and exits 0: it is a measurement, never a test.
+//   loom-bench-gpu [--quick] [--reps N] [--peak-tflops T] [--peak-tflops-fp32 T] [--peak-gbs G]
+
+#include <loom/core/buffer.hpp>
+#include <loom/core/cuda/error.hpp>
+#include <loom/core/cuda/memory.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/float16.hpp>
+#include <loom/kv/block_table.hpp>
+#include <loom/kv/cuda/paged_attention.cuh>
+#include <loom/ops/cuda/embedding.cuh>
+#include <loom/ops/cuda/gemm.hpp>
+#include <loom/ops/cuda/norm.cuh>
+#include <loom/quant/cuda/nf4.cuh>
+#include <loom/quant/nf4.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+using loom::index_t;
+
+struct options {
+  bool quick = false;
+  int reps = 20;
+  double peak_tflops = 989, peak_tflops_fp32 = 67, peak_gbs = 4800;
+};
+
+double number_arg(int& i, int argc, char** argv) {
+  const std::string name = argv[i];
+  LOOM_CHECK(i + 1 < argc, "loom-bench-gpu: ", name, " needs a value");
+  char* end = nullptr;
+  const double v = std::strtod(argv[++i], &end);
+  LOOM_CHECK(end && *end == '\0' && std::isfinite(v) && v > 0, "loom-bench-gpu: ", name, " must be a positive number, got '",
+             std::string(argv[i]).substr(0, 64), "'");
+  return v;
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") o.quick = true;
+    else if (a == "--reps") o.reps = static_cast<int>(std::min(number_arg(i, argc, argv), 10000.0));
+    else if (a == "--peak-tflops") o.peak_tflops = number_arg(i, argc, argv);
+    else if (a == "--peak-tflops-fp32") o.peak_tflops_fp32 = number_arg(i, argc, argv);
+    else if (a == "--peak-gbs") o.peak_gbs = number_arg(i, argc, argv);
+    else LOOM_CHECK(false, "loom-bench-gpu: unknown argument '", a.substr(0, 64), "' (--quick, --reps, --peak-tflops, --peak-tflops-fp32, --peak-gbs)");
+  }
+  return o;
+}
+
+/// Median milliseconds of `reps` timed calls of f after 3 untimed ones.
+template <class F>
+double median_ms(int reps, F&& f) {
+  cudaEvent_t start, stop;
+  LOOM_CUDA_CHECK(cudaEventCreate(&start));
+  LOOM_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<float> ms(static_cast<std::size_t>(reps));
+  for (auto& t : ms) {
+    LOOM_CUDA_CHECK(cudaEventRecord(start));
+    f();
+    LOOM_CUDA_CHECK(cudaEventRecord(stop));
+    LOOM_CUDA_CHECK(cudaEventSynchronize(stop));
+    LOOM_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+  }
+  LOOM_CUDA_CHECK(cudaEventDestroy(start));
+  LOOM_CUDA_CHECK(cudaEventDestroy(stop));
+  std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(ms.size() / 2), ms.end());
+  return ms[ms.size() / 2];
+}
+
+template <class T>
+loom::buffer<T, loom::cuda> filled(std::size_t n, float value) {
+  std::vector<T> h(n, T(value));
+  loom::buffer<T, loom::cuda> d(n);
+  LOOM_CUDA_CHECK(cudaMemcpy(d.data(), h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+void row(const std::string& what, const std::string& shape, double ms, double rate, const char* unit, double peak) {
+  std::printf("| %s | %s | %.3f | %.1f %s | %.0f%% |\n", what.c_str(), shape.c_str(), ms, rate, unit, 100.0 * rate / peak);
+}
+
+template <class T>
+void bench_gemm(const options& o, const loom::ops::cublas_handle& h, index_t m, index_t k, index_t n, const char* name,
+                double peak) {
+  auto a = filled<T>(std::size_t(m * k), 0.01f), b = filled<T>(std::size_t(k * n), 0.01f);
+  auto c = filled<T>(std::size_t(m * n), 0.f);
+  const loom::tensor_view<const T, loom::cuda, 2> av(a.data(), loom::extents<2>{m, k}), bv(b.data(), loom::extents<2>{k, n});
+  const loom::tensor_view<T, loom::cuda, 2> cv(c.data(), loom::extents<2>{m, n});
+  const double ms = median_ms(o.reps, [&] { loom::ops::gemm(loom::cuda{}, h, av, bv, cv); });
+  row(std::string("GEMM ") + name, std::to_string(m) + " x " + std::to_string(k) + " x " + std::to_string(n), ms,
+      2.0 * double(m) * double(k) * double(n) / (ms * 1e-3) / 1e12, "TFLOP/s", peak);
+}
+
+void bench_decode(const options& o, std::int32_t batch, std::int64_t kv_len) {
+  namespace kv = loom::kv;
+  const std::int64_t nh = 32, hk = 8, dim = 128;
+  const std::int32_t bs = 16;
+  const std::int64_t pages_per_seq = (kv_len + bs - 1) / bs;
+  const auto num_blocks = static_cast<std::int32_t>(pages_per_seq * batch);
+  kv::paged_kv_csr csr;
+  csr.block_size = bs;
+  csr.clear();
+  for (std::int32_t b = 0; b < batch; ++b) {  // sequence b's pages, interleaved with the others'
+    for (std::int64_t p = 0; p < pages_per_seq; ++p) csr.indices.push_back(static_cast<std::int32_t>(p * batch + b));
+    csr.indptr.push_back(static_cast<std::int32_t>(csr.indices.size()));
+    csr.last_page_len.push_back(static_cast<std::int32_t>(kv_len - (pages_per_seq - 1) * bs));
+  }
+  kv::paged_kv_csr_device dcsr;
+  dcsr.upload(csr);
+  auto cache = filled<loom::bfloat16>(std::size_t(num_blocks) * 2 * std::size_t(bs * hk * dim), 0.01f);
+  auto q = filled<float>(std::size_t(batch * nh * dim), 0.1f), out = filled<float>(q.size(), 0.f);
+  kv::decode_workspace ws;
+  const loom::tensor_view<loom::bfloat16, loom::cuda, 5> cv(cache.data(), loom::extents<5>{num_blocks, 2, bs, hk, dim});
+  const loom::tensor_view<const float, loom::cuda, 3> qv(q.data(), loom::extents<3>{batch, nh, dim});
+  const loom::tensor_view<float, loom::cuda, 3> ov(out.data(), loom::extents<3>{batch, nh, dim});
+  const double ms = median_ms(o.reps, [&] { kv::batch_decode_with_paged_kv_cache(loom::cuda{}, qv, cv, dcsr, ov, ws); });
+  const double bytes = double(batch) * double(kv_len) * double(hk * dim) * 2.0 * sizeof(loom::bfloat16);
+  row("paged decode (bf16 pool, 32 q / 8 kv heads, head_dim 128)",
+      "batch " + std::to_string(batch) + ", kv_len " + std::to_string(kv_len), ms, bytes / (ms * 1e-3) / 1e9, "GB/s",
+      o.peak_gbs);
+}
+
+void bench_nf4(const options& o, index_t rows, index_t cols) {
+  std::vector<float> w(static_cast<std::size_t>(rows * cols));
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = float((i * 2654435761u) % 1000) * 1e-4f - 0.05f;
+  const loom::quant::nf4_matrix m(loom::make_view(static_cast<const float*>(w.data()), rows, cols));
+  const loom::quant::nf4_matrix_device dm(m);
+  auto out = filled<loom::bfloat16>(w.size(), 0.f);
+  const loom::tensor_view<loom::bfloat16, loom::cuda, 2> ov(out.data(), loom::extents<2>{rows, cols});
+  const double ms = median_ms(o.reps, [&] { loom::quant::nf4_dequantize_rows(dm, 0, rows, ov); });
+  const double bytes = double(dm.bytes()) + double(w.size()) * sizeof(loom::bfloat16);
+  row("NF4 -> bf16 rows (double-quantised absmax)", std::to_string(rows) + " x " + std::to_string(cols), ms,
+      bytes / (ms * 1e-3) / 1e9, "GB/s", o.peak_gbs);
+}
+
+void bench_rows(const options& o, index_t n, index_t d, index_t vocab) {
+  std::vector<std::int32_t> tok(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i) tok[std::size_t(i)] = static_cast<std::int32_t>((i * 7919) % vocab);
+  loom::buffer<std::int32_t, loom::cuda> gtok(tok.size());
+  LOOM_CUDA_CHECK(cudaMemcpy(gtok.data(), tok.data(), tok.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+  auto table = filled<float>(std::size_t(vocab * d), 0.01f), x = filled<float>(std::size_t(n * d), 0.f);
+  auto w = filled<float>(std::size_t(d), 1.f), y = filled<float>(std::size_t(n * d), 0.f), rstd = filled<float>(std::size_t(n), 0.f);
+  loom::ops::embedding_workspace ews;
+  const loom::tensor_view<std::int32_t, loom::cuda, 1> tv(gtok.data(), loom::extents<1>{n});
+  const loom::tensor_view<const float, loom::cuda, 2> tab(table.data(), loom::extents<2>{vocab, d});
+  const loom::tensor_view<float, loom::cuda, 2> xv(x.data(), loom::extents<2>{n, d}), yv(y.data(), loom::extents<2>{n, d});
+  const std::string shape = std::to_string(n) + " x " + std::to_string(d);
+  const double bytes = 2.0 * double(n * d) * sizeof(float);  // a row read, a row written
+  double ms = median_ms(o.reps, [&] { loom::ops::embedding_forward(loom::cuda{}, tv, tab, xv, ews); });
+  row("embedding forward (fp32; waits for its id check)", shape, ms, bytes / (ms * 1e-3) / 1e9, "GB/s", o.peak_gbs);
+  ms = median_ms(o.reps, [&] {
+    loom::ops::rmsnorm_forward(loom::cuda{}, loom::tensor_view<const float, loom::cuda, 2>(xv), 
+                               loom::tensor_view<const float, loom::cuda, 1>(w.data(), loom::extents<1>{d}), yv,
+                               loom::tensor_view<float, loom::cuda, 1>(rstd.data(), loom::extents<1>{n}), 1e-5f);
+  });
+  row("RMSNorm forward (fp32)", shape, ms, bytes / (ms * 1e-3) / 1e9, "GB/s", o.peak_gbs);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const options o = parse(argc, argv);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("loom-bench-gpu: no CUDA device; nothing measured\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s (%d SMs, %.0f GiB); peaks assumed: %.0f TFLOP/s bf16, %.0f TFLOP/s fp32, %.0f GB/s\n\n", prop.name,
+              prop.multiProcessorCount, double(prop.totalGlobalMem) / double(1 << 30), o.peak_tflops, o.peak_tflops_fp32,
+              o.peak_gbs);
+  std::printf("| kernel | shape | median ms | rate | %% of peak |\n|---|---|---:|---:|---:|\n");
+  const index_t tokens = o.quick ? 2048 : 8192;
+  loom::ops::cublas_handle h;
+  // a ~1B LLaMA (hidden 2048, MLP 5632, vocab 32000): the attention projections, the MLP, the head
+  bench_gemm<loom::bfloat16>(o, h, tokens, 2048, 2048, "bf16", o.peak_tflops);
+  bench_gemm<loom::bfloat16>(o, h, tokens, 2048, 5632, "bf16", o.peak_tflops);
+  bench_gemm<loom::bfloat16>(o, h, tokens, 5632, 2048, "bf16", o.peak_tflops);
+  bench_gemm<loom::bfloat16>(o, h, tokens, 2048, 32000, "bf16", o.peak_tflops);
+  bench_gemm<float>(o, h, tokens, 2048, 2048, "fp32", o.peak_tflops_fp32);
+  for (auto [batch, len] : {std::pair<std::int32_t, std::int64_t>{1, 32768}, {16, 4096}, {64, 4096}})
+    if (!o.quick || batch == 16) bench_decode(o, batch, len);
+  bench_nf4(o, 4096, o.quick ? 4096 : 11008);
+  bench_rows(o, tokens, 2048, 32000);
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "%s\n", e.what());
+  return 1;
+}
