@@ -14,10 +14,8 @@
 #include <atomic>
 #include <cctype>
 #include <cstdio>
-#include <filesystem>
 #include <functional>
 #include <limits>
-#include <optional>
 #include <string>
 
 namespace llama {
@@ -71,14 +69,10 @@ struct model_args {
     LOOM_CHECK(random != !checkpoint.empty(), "give exactly one of --checkpoint PATH and --random");
     LOOM_CHECK(tp >= 1 && tp <= 1024, "flag --tp must be in [1, 1024], got ", tp);
   }
-  /// The model's config before any tensor is read: `random_config`, or an HF checkpoint's
-  /// config.json (and its shards' headers); nothing for a llama2.c file, whose header is read
-  /// with its tensors.
-  std::optional<config> config_before_loading(const config& random_config) const {
-    if (random) return random_config;
-    namespace fs = std::filesystem;
-    if (fs::is_directory(checkpoint) || fs::path(checkpoint).extension() == ".safetensors") return config_from_hf(checkpoint);
-    return std::nullopt;
+  /// The model's config before any tensor is read: `random_config`, or the checkpoint's
+  /// (checkpoint_config: config.json and the shards' headers, or a llama2.c header).
+  config config_before_loading(const config& random_config) const {
+    return random ? random_config : checkpoint_config(checkpoint);
   }
   /// The checkpoint's weights, or random weights of `random_config`.
   flat_weights load(const config& random_config) const {

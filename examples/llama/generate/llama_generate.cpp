@@ -79,13 +79,10 @@ int main(int argc, char** argv) {
   try {
     using engine = llama::llama_engine<float, loom::comm::thread_comm>;
     ec.scheduler.max_num_seqs = static_cast<std::int32_t>(std::max<std::size_t>(prompts.size(), 1));
-    // The memory plan before any tensor is read when the config can be (random, HF); a
-    // llama2.c file's header comes with its tensors.
-    const auto early = model.config_before_loading(random_config());
-    if (early) model.plan_memory<engine>("llama-generate", *early, ec);
+    // The memory plan before any tensor is read: a model that does not fit is refused unread.
+    model.plan_memory<engine>("llama-generate", model.config_before_loading(random_config()), ec);
     std::optional<llama::flat_weights> w(model.load(random_config()));
     const llama::config c = w->cfg;
-    if (!early) model.plan_memory<engine>("llama-generate", c, ec);
     std::optional<loom::data::any_tokenizer> tok;
     if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, "none", c.vocab));
     if (prompts.empty()) prompts.push_back(tok ? "Once upon a time" : "1");

@@ -137,13 +137,10 @@ int main(int argc, char** argv) {
     // --random: byte-level ids 3..258 and one unused id, so that tp 2 and 4 divide the
     // vocabulary (untied: a random tied classifier only repeats its input)
     rc.vocab = 260;
-    // The memory plan before any tensor is read when the config can be (random, HF); a
-    // llama2.c file's header comes with its tensors.
-    const auto early = model.config_before_loading(rc);
-    if (early) model.plan_memory<engine>("llama-serve", *early, ec);
+    // The memory plan before any tensor is read: a model that does not fit is refused unread.
+    model.plan_memory<engine>("llama-serve", model.config_before_loading(rc), ec);
     std::optional<llama::flat_weights> w(model.load(rc));
     const llama::config cfg = w->cfg;
-    if (!early) model.plan_memory<engine>("llama-serve", cfg, ec);
     const loom::serve::chat_setup chat = loom::serve::choose_chat_template(template_flag, cfg.model_type, model.tokenizer, model.checkpoint);
     std::optional<loom::data::any_tokenizer> tok;
     if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, chat.specials, cfg.vocab));
