@@ -6,7 +6,10 @@
 #include <doctest/doctest.h>
 
 #include "llama_server.hpp"
+#include "serve_client.hpp"
 #include "serve_model.hpp"
+
+#include <loom/comm/thread_comm.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -234,4 +237,102 @@ TEST_CASE("llama-serve: protocols, streaming, concurrency, errors") {
   httplib::Client late("127.0.0.1", port);
   late.set_connection_timeout(std::chrono::seconds(1));
   CHECK_FALSE(late.Get("/health"));
+}
+
+// The server over a tensor-parallel engine (llama-serve --tp): rank 0's server leads, rank 1
+// follows. The oracle is the one-rank engine alone (greedy: the tp ranks' logits differ from
+// one rank's only within rounding). The communicator's timeout is cut to 400 ms and the server
+// left idle for longer: the follower, waiting for a plan, must be kept alive (keep_alive()).
+TEST_CASE("llama-serve over tp 2 thread ranks: the engine alone's text, whole and streamed; a stream whose client leaves is cancelled; idle past the timeout; stop releases the follower") {
+  llama::config c = serve_test::small_model(1024);  // a long context: the stream below is still running when its client leaves
+  c.vocab = 260;                                     // tp 2 divides it (the byte codec's ids are 3..258)
+  const flat_weights w = flat_weights::random(c, 3);
+  using tp_engine = llama_engine<float, loom::comm::thread_comm>;
+  loom::kv::sampling_params greedy;
+  greedy.temperature = 0.f;
+  const std::string want = json_text(oracle(w, "Once upon", 24, greedy));
+  loom::comm::checked_scope short_timeout(loom::comm::checked(), std::chrono::milliseconds(400));
+  std::string whole, streamed, finish;
+  int status_whole = 0, status_stream = 0;
+  std::int64_t leader_steps = -1, follower_steps = -2, cancelled = 0, tokens_after_cancel = 0;
+  bool idle_after_cancel = false;
+  using namespace std::chrono_literals;
+  loom::comm::run_ranks(2, [&](loom::comm::thread_comm& comm) {
+    if (comm.rank() == 1) {
+      tp_engine eng(w, comm, server_engine());
+      eng.follow();
+      follower_steps = eng.steps();
+      return;
+    }
+    http_server<tp_engine> server(text_codec{}, server_options{}, w, comm, server_engine());
+    const int port = server.start("127.0.0.1", 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // idle: three timeouts
+    httplib::Client cl("127.0.0.1", port);
+    cl.set_read_timeout(std::chrono::seconds(60));
+    json req = {{"prompt", "Once upon"}, {"max_tokens", 24}, {"temperature", 0}};
+    if (auto res = cl.Post("/v1/completions", req.dump(), "application/json")) {
+      status_whole = res->status;
+      if (res->status == 200) whole = json::parse(res->body)["choices"][0]["text"].get<std::string>();
+    }
+    req["stream"] = true;
+    if (auto res = cl.Post("/v1/completions", req.dump(), "application/json")) {
+      status_stream = res->status;
+      if (res->status == 200) streamed = json_text(read_sse(res->body, false, &finish));
+    }
+    {  // a stream whose client leaves after its first event is cancelled, as on one rank
+      serve_test::raw_client rc(port);
+      const json long_job = {{"prompt", "Once upon"}, {"max_tokens", 1000}, {"temperature", 0}, {"ignore_eos", true}, {"stream", true}};
+      std::string got;
+      if (rc.send(serve_test::post("/v1/completions", long_job.dump())))
+        while (got.find("data: ") == std::string::npos && rc.read_some(got, std::chrono::steady_clock::now() + 10s)) {
+        }
+    }
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (server.requests_cancelled() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+    cancelled = server.requests_cancelled();
+    tokens_after_cancel = server.tokens_generated();
+    std::this_thread::sleep_for(200ms);
+    idle_after_cancel = server.tokens_generated() == tokens_after_cancel && server.in_flight() == 0;
+    server.stop();
+    leader_steps = server.engine().steps();
+    server.engine().stop_followers();
+  });
+  CHECK(status_whole == 200);
+  CHECK(status_stream == 200);
+  CHECK(whole == want);
+  CHECK(streamed == want);
+  CHECK(cancelled == 1);
+  CHECK(idle_after_cancel);               // nothing generates for the client that left
+  CHECK(follower_steps == leader_steps);  // the follower ran every plan, and returned at stop
+}
+
+TEST_CASE("llama-serve over tp 2: a failed rank fails the request and reports the failure, no hang") {
+  llama::config c = serve_test::small_model();
+  c.vocab = 260;
+  const flat_weights w = flat_weights::random(c, 3);
+  using tp_engine = llama_engine<float, loom::comm::thread_comm>;
+  std::string failure, thrown;
+  int status = 0;
+  try {
+    loom::comm::run_ranks(2, [&](loom::comm::thread_comm& comm) {
+      if (comm.rank() == 1) {
+        tp_engine eng(w, comm, server_engine());
+        throw loom::error("rank 1 gives up");
+      }
+      http_server<tp_engine> server(text_codec{}, server_options{}, w, comm, server_engine());
+      const int port = server.start("127.0.0.1", 0);
+      httplib::Client cl("127.0.0.1", port);
+      cl.set_read_timeout(std::chrono::seconds(60));
+      if (auto res = cl.Post("/v1/completions", json({{"prompt", "hi"}, {"max_tokens", 4}}).dump(), "application/json"))
+        status = res->status;
+      failure = server.failure();
+      server.stop();
+      server.engine().stop_followers();  // nothing to send on a broken group
+    });
+  } catch (const loom::error& e) {
+    thrown = e.what();
+  }
+  CHECK(status >= 500);
+  CHECK(failure.find("rank 1 gives up") != std::string::npos);
+  CHECK(thrown.find("rank 1 gives up") != std::string::npos);
 }

@@ -1,21 +1,56 @@
 #pragma once
 // Command-line options shared by llama-generate and llama-serve: where the model comes from
-// (a checkpoint, or random weights to try the programs without files), its tokenizer, and the
-// KV pool / scheduler sizes.
+// (a checkpoint, or random weights to try the programs without files), its tokenizer, the
+// KV pool / scheduler sizes, and the tensor-parallel ranks (--tp: thread ranks of this
+// process) with the memory each may hold (--max-memory-per-rank), checked before loading.
 
 #include "llama_engine.hpp"
 #include "llama_loader.hpp"
 
 #include <common/cli.hpp>
 
+#include <loom/comm/thread_comm.hpp>
+
+#include <atomic>
+#include <cctype>
+#include <cstdio>
 #include <functional>
+#include <limits>
 #include <string>
 
 namespace llama {
 
+/// A byte count with an optional binary suffix: "1048576", "512K", "512M", "2G", "1T" (also
+/// "512MB", "512MiB"); `flag` is named when `v` is not one.
+inline std::size_t byte_size(const std::string& flag, const std::string& v) {
+  std::size_t digits = 0;
+  while (digits < v.size() && std::isdigit(static_cast<unsigned char>(v[digits]))) ++digits;
+  std::string unit = v.substr(digits);
+  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  int shift = -1;
+  for (const auto& [names, s] : {std::pair{"|B", 0}, std::pair{"K|KB|KIB", 10}, std::pair{"M|MB|MIB", 20},
+                                 std::pair{"G|GB|GIB", 30}, std::pair{"T|TB|TIB", 40}}) {
+    const std::string list = std::string("|") + names + "|";
+    if (list.find("|" + unit + "|") != std::string::npos) shift = s;
+  }
+  const bool ok = digits > 0 && digits <= 15 && shift >= 0;
+  const std::size_t n = ok ? std::stoull(v.substr(0, digits)) : 0;
+  if (!ok || n == 0 || n > (std::numeric_limits<std::size_t>::max() >> shift))
+    throw examples::cli::bad_args("flag " + flag + " needs a positive number of bytes (e.g. 1048576, 512M, 2G), got '" + v + "'");
+  return n << shift;
+}
+
+inline std::string mib(std::size_t bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f MiB", static_cast<double>(bytes) / 1048576.0);
+  return s;
+}
+
 struct model_args {
   std::string checkpoint, tokenizer;
   bool random = false;
+  int tp = 1;                            ///< --tp: tensor-parallel thread ranks
+  std::size_t max_memory_per_rank = 0;  ///< --max-memory-per-rank; 0: no limit
 
   /// Consumes option `a` if it is one of ours (`next()` yields its value); false otherwise.
   bool parse(const std::string& a, const std::function<std::string()>& next, engine_config& ec) {
@@ -25,16 +60,67 @@ struct model_args {
     else if (a == "--blocks") ec.num_blocks = examples::cli::number<int>(a, next());
     else if (a == "--block-size") ec.block_size = examples::cli::number<int>(a, next());
     else if (a == "--budget") ec.scheduler.max_num_batched_tokens = examples::cli::number<int>(a, next());
+    else if (a == "--tp") tp = examples::cli::number<int>(a, next());
+    else if (a == "--max-memory-per-rank") max_memory_per_rank = byte_size(a, next());
     else return false;
     return true;
   }
   void validate() const {
     LOOM_CHECK(random != !checkpoint.empty(), "give exactly one of --checkpoint PATH and --random");
+    LOOM_CHECK(tp >= 1 && tp <= 1024, "flag --tp must be in [1, 1024], got ", tp);
+  }
+  /// The model's config before any tensor is read: `random_config`, or the checkpoint's
+  /// (checkpoint_config: config.json and the shards' headers, or a llama2.c header).
+  config config_before_loading(const config& random_config) const {
+    return random ? random_config : checkpoint_config(checkpoint);
   }
   /// The checkpoint's weights, or random weights of `random_config`.
   flat_weights load(const config& random_config) const {
     return random ? flat_weights::random(random_config, 1) : load_checkpoint(checkpoint);
   }
+  /// Prints what each of --tp ranks will hold (weights, KV pool, workspace) and, with
+  /// --max-memory-per-rank, the smallest tp that fits it; refuses (loom::error with the
+  /// figures) a model that does not fit, or a split --tp cannot make (naming --tp).
+  template <class Engine>
+  rank_memory plan_memory(const char* program, const config& c, const engine_config& ec) const {
+    rank_memory m;
+    try {
+      m = Engine::memory_plan(c, ec, tp);
+    } catch (const loom::error& e) {
+      throw loom::error("flag --tp " + std::to_string(tp) + " cannot split this model: " + e.what());
+    }
+    std::printf("%s: memory per rank at --tp %d: weights %zu + KV pool %zu + workspace %zu = %zu bytes (%s)\n", program, tp,
+                m.weights, m.kv, m.workspace, m.total(), mib(m.total()).c_str());
+    if (max_memory_per_rank == 0) return m;
+    const int fits = Engine::smallest_tp(c, ec, max_memory_per_rank);
+    const std::string smallest = fits ? "the smallest tp that fits is " + std::to_string(fits)
+                                      : "no tp up to n_heads=" + std::to_string(c.n_heads) + " fits";
+    std::printf("%s: --max-memory-per-rank %zu bytes (%s): %s\n", program, max_memory_per_rank, mib(max_memory_per_rank).c_str(),
+                smallest.c_str());
+    std::fflush(stdout);
+    LOOM_CHECK(m.total() <= max_memory_per_rank, "the model does not fit --max-memory-per-rank ", max_memory_per_rank,
+               " bytes at --tp ", tp, ": each rank needs ", m.total(), " bytes (weights ", m.weights, " + KV pool ", m.kv,
+               " + workspace ", m.workspace, "); ", smallest);
+    return m;
+  }
 };
+
+/// Runs fn(comm, peer_failed) on `tp` thread ranks of this process (rank 0 on the calling
+/// thread). An exception on any rank ends every rank (thread_comm aborts the others'
+/// collectives) and comes back from here as a loom::error naming the rank; `peer_failed`
+/// turns true then, for a rank that waits outside any collective (a server waiting for a
+/// signal) to notice.
+template <class F>
+void run_tensor_ranks(int tp, F&& fn) {
+  std::atomic<bool> failed{false};
+  loom::comm::run_ranks(tp, [&](loom::comm::thread_comm& comm) {
+    try {
+      fn(comm, static_cast<const std::atomic<bool>&>(failed));
+    } catch (const std::exception& e) {
+      failed = true;
+      throw loom::error("rank " + std::to_string(comm.rank()) + " of " + std::to_string(tp) + ": " + e.what());
+    }
+  });
+}
 
 }  // namespace llama

@@ -33,6 +33,12 @@
 // kv::engine broadcasts rank 0's plan each step (group()). At tp = 1 (self_comm, the default)
 // the model reads the caller's weights in place and its collectives do nothing.
 //
+// Memory (docs/kv.md, "Memory plan"): llama_engine::memory_plan(config, engine_config, tp)
+// gives what one rank holds, in bytes, before any weight is read: its slice of the weights
+// and their packed copies (from the same layers and packed layouts the constructor makes),
+// its part of the KV pool and the step buffers (sized by the same buffer_sizes as reserve(),
+// the attention's and MLP's scratch included, so the workspace never grows after it).
+//
 // LoRA adapters (llama_lora.hpp): the model may serve several over its base; a request names
 // one (kv::request::adapter, 1-based; 0: the base), and the rows of each adapter present in a
 // step get its low-rank term after each projection it targets (the layers' projection hook),
@@ -61,6 +67,14 @@ namespace llama {
 
 using engine_config = loom::kv::engine_config;
 
+/// What one rank of the engine holds, in bytes.
+struct rank_memory {
+  std::size_t weights = 0;    ///< its slice of the weights and their packed copies for the GEMMs
+  std::size_t kv = 0;         ///< its key/value heads of every block of the pool
+  std::size_t workspace = 0;  ///< activations and logit rows, sized once for the token budget
+  std::size_t total() const noexcept { return weights + kv + workspace; }
+};
+
 /// The decoder as loom::kv::engine's model (kv::paged_model), on one rank of a tensor group C.
 template <loom::comm::communicator C = loom::comm::self_comm>
 class llama_paged {
@@ -77,9 +91,12 @@ class llama_paged {
   /// single-rank layout; it may go once the model is made) is copied into memory from `mr`,
   /// which also holds the packed weights: everything this rank keeps of the model. Refuses
   /// (loom::error) a model whose heads, key/value heads, hidden units or vocabulary tp does
-  /// not divide.
-  llama_paged(const flat_weights& full, C& tp, loom::memory_resource& mr = loom::default_resource<loom::host>())
-      : llama_paged(checked_split(full.cfg, tp.size()), tp, {}) {
+  /// not divide. LoRA `adapters` only on a group of one (their factors are not split yet).
+  llama_paged(const flat_weights& full, C& tp, loom::memory_resource& mr = loom::default_resource<loom::host>(),
+              std::vector<served_adapter> adapters = {})
+      : llama_paged(checked_split(full.cfg, tp.size()), tp, std::move(adapters)) {
+    LOOM_CHECK(adapters_.empty() || tp.size() == 1, "llama_engine: LoRA adapters over a tensor-parallel base (tp=", tp.size(),
+               ") are not supported yet; serve them at tp=1");
     LOOM_CHECK(full.params.size() == full.layout.size(), "llama_engine: the weights hold ", full.params.size(),
                " parameters, the layout of their config ", full.layout.size());
     slice_ = loom::buffer<float>(layers_.layout.size(), mr);
@@ -104,21 +121,43 @@ class llama_paged {
     return {static_cast<std::int32_t>(cfg_.n_layers), num_blocks, block_size,
             static_cast<std::int32_t>(cfg_.n_kv_heads / tp_->size()), static_cast<std::int32_t>(cfg_.head_dim())};
   }
-  /// Activation buffers for up to `tokens` tokens and `seqs` sampled rows, sized once.
+  /// Activation buffers for up to `tokens` tokens and `seqs` sampled rows, sized once (the
+  /// layers' scratch too: a step never allocates).
   void reserve(std::int32_t tokens, std::int32_t seqs) {
-    const auto T = static_cast<std::size_t>(tokens), S = static_cast<std::size_t>(seqs), D = static_cast<std::size_t>(cfg_.dim);
-    x_ = loom::buffer<float>(T * D);
-    xb_ = loom::buffer<float>(T * D);
-    h_ = loom::buffer<float>(T * D);
-    rstd_ = loom::buffer<float>(T);
-    last_ = loom::buffer<float>(S * D);
-    if (tp_->size() > 1) {  // this rank's vocabulary columns, and every rank's
-      local_logits_ = loom::buffer<float>(S * static_cast<std::size_t>(layers_.output.local_out_features()));
-      gathered_ = loom::buffer<float>(local_logits_.size() * static_cast<std::size_t>(tp_->size()));
-    }
+    const buffer_sizes n(cfg_, tp_->size(), tokens, seqs);
+    x_ = loom::buffer<float>(n.stream);
+    xb_ = loom::buffer<float>(n.stream);
+    h_ = loom::buffer<float>(n.stream);
+    rstd_ = loom::buffer<float>(n.rstd);
+    last_ = loom::buffer<float>(n.last);
+    local_logits_ = loom::buffer<float>(n.local_logits);
+    gathered_ = loom::buffer<float>(n.gathered);
+    ws_ = loom::nn::workspace<float>(n.scratch);
     index_t rank = 0;
     for (const auto& a : adapters_) rank = std::max(rank, a.rank());
     if (!adapters_.empty()) lora_.reserve(tokens, std::max<index_t>(cfg_.dim, cfg_.hidden_dim), rank);
+  }
+
+  /// Bytes of the buffers reserve() made (the LoRA rows' scratch not counted).
+  std::size_t workspace_bytes() const {
+    return x_.bytes() + xb_.bytes() + h_.bytes() + rstd_.bytes() + last_.bytes() + local_logits_.bytes() + gathered_.bytes() +
+           ws_.capacity() * sizeof(float);
+  }
+  /// What a rank of a group of tp keeps of config c's weights, in bytes (each rank the same):
+  /// its slice of the flat buffer (the layout's alignment padding included) and the packed
+  /// copies of its projections, as the tensor-group constructor allocates them from its `mr`.
+  static std::size_t weight_bytes(const llama::config& c, int tp) {
+    const llama3d::stage_layers<float> L(checked_split(c, tp), loom::nn::tp::tp_rank{0, tp},
+                                         llama3d::split_layers(c.n_layers, 1, 0), true, true);
+    std::size_t n = L.layout.size() * sizeof(float);
+    for (const auto& b : L.blocks) n += b.attention.packed_bytes() + b.feed_forward.packed_bytes();
+    const auto& out = L.output.local();
+    return n + loom::ops::packed_weight::bytes_for(out.out_features(), out.in_features());
+  }
+  /// Bytes of what reserve(tokens, seqs) makes on a rank of a group of tp.
+  static std::size_t workspace_bytes(const llama::config& c, int tp, std::int32_t tokens, std::int32_t seqs) {
+    const buffer_sizes n(c, tp, tokens, seqs);
+    return sizeof(float) * (3 * n.stream + n.rstd + n.last + n.local_logits + n.gathered + n.scratch);
   }
 
   /// The plan's tokens through the layers; the logits of the sampled rows into `logits`.
@@ -195,6 +234,23 @@ class llama_paged {
   struct packed_block {
     loom::nn::attention<float>::packed attention;
     loom::nn::swiglu_mlp<float>::packed mlp;
+  };
+  // Elements of each step buffer for `tokens` tokens and `seqs` sampled rows on a rank of tp.
+  struct buffer_sizes {
+    buffer_sizes(const llama::config& c, int tp, std::int32_t tokens, std::int32_t seqs) {
+      const auto T = static_cast<std::size_t>(tokens), S = static_cast<std::size_t>(seqs);
+      const auto D = static_cast<std::size_t>(c.dim), V = static_cast<std::size_t>(c.vocab), t = static_cast<std::size_t>(tp);
+      stream = T * D, rstd = T, last = S * D;
+      if (tp > 1) local_logits = S * (V / t), gathered = S * V;  // this rank's vocabulary columns, and every rank's
+      // The layers' scratch (nn::workspace rounds each take to 16 floats): attention's q, k, v
+      // and output of this rank's heads, or the MLP's gate and up of its hidden units; the
+      // arena is reset between them, so the larger.
+      const auto r16 = [](std::size_t n) { return (n + 15) / 16 * 16; };
+      const auto hd = static_cast<std::size_t>(c.head_dim()), h = static_cast<std::size_t>(c.n_heads) / t,
+                 kv = static_cast<std::size_t>(c.n_kv_heads) / t, f = static_cast<std::size_t>(c.hidden_dim) / t;
+      scratch = std::max(2 * r16(T * h * hd) + 2 * r16(T * kv * hd), 2 * r16(T * f));
+    }
+    std::size_t stream = 0, rstd = 0, last = 0, local_logits = 0, gathered = 0, scratch = 0;
   };
   // Both constructors: this rank's layers (one pipeline stage), then use() their weights.
   llama_paged(const llama::config& c, C& tp, std::vector<served_adapter> adapters)
@@ -285,8 +341,39 @@ class llama_engine : public loom::kv::engine<llama_paged<C>, KV> {
   /// Rank tp.rank() of a tensor-parallel engine: every rank of `tp` makes it with the same
   /// weights and config; rank 0 takes the requests and steps (generate), the others call
   /// follow() until rank 0 calls stop_followers(). `mr`: this rank's weight memory.
-  llama_engine(const flat_weights& full, C& tp, engine_config cfg, loom::memory_resource& mr = loom::default_resource<loom::host>())
-      : loom::kv::engine<llama_paged<C>, KV>(cfg, full, tp, mr) {}
+  /// `adapters`: LoRA adapters, on a group of one only.
+  llama_engine(const flat_weights& full, C& tp, engine_config cfg, loom::memory_resource& mr = loom::default_resource<loom::host>(),
+               std::vector<served_adapter> adapters = {})
+      : loom::kv::engine<llama_paged<C>, KV>(cfg, full, tp, mr, std::move(adapters)) {}
+  /// What each rank of a group of tp holds for config c under engine config ec, computed
+  /// before any weight is read (memory_plan(...).total() against a rank's memory decides
+  /// whether a model fits). Refuses a split tp cannot make, as the constructor does.
+  static rank_memory memory_plan(const llama::config& c, engine_config ec, int tp) {
+    LOOM_CHECK(tp >= 1, "llama_engine: tp must be >= 1, got ", tp);
+    ec = loom::kv::engine<llama_paged<C>, KV>::clamp(ec, c.seq_len);
+    const auto S = ec.scheduler.max_num_seqs, T = ec.scheduler.max_num_batched_tokens;
+    rank_memory m;
+    m.weights = llama_paged<C>::weight_bytes(c, tp);
+    m.kv = static_cast<std::size_t>(ec.num_blocks) * static_cast<std::size_t>(c.n_layers) *
+           static_cast<std::size_t>(loom::kv::kv_cache_shape{1, 1, ec.block_size, static_cast<std::int32_t>(c.n_kv_heads / tp),
+                                                             static_cast<std::int32_t>(c.head_dim())}
+                                        .block_elems()) *
+           sizeof(KV);
+    m.workspace = llama_paged<C>::workspace_bytes(c, tp, T, S) + 2 * static_cast<std::size_t>(S) * static_cast<std::size_t>(c.vocab) * sizeof(float);
+    return m;
+  }
+  /// The smallest tp (dividing what the split needs) whose ranks each fit in `limit` bytes,
+  /// trying up to n_heads ranks; 0 when none does.
+  static int smallest_tp(const llama::config& c, const engine_config& ec, std::size_t limit) {
+    for (int tp = 1; tp <= c.n_heads; ++tp) {
+      if (c.n_heads % tp || c.n_kv_heads % tp) continue;
+      try {
+        if (memory_plan(c, ec, tp).total() <= limit) return tp;
+      } catch (const loom::error&) {  // a split tp cannot make (hidden units, vocabulary)
+      }
+    }
+    return 0;
+  }
   const llama::config& model_config() const noexcept { return this->model().config(); }
   /// The adapters' names, in adapter order (what a request's `model` field names).
   std::vector<std::string> adapter_names() const {

@@ -1,9 +1,11 @@
 // llama-generate: paged-KV generation for a batch of prompts from a llama2.c or HF safetensors
-// checkpoint (or a random model, for trying the engine without files).
+// checkpoint (or a random model, for trying the engine without files), on --tp thread ranks:
+// rank 0 schedules, samples and prints; the others run its plans (llama_engine's follow()).
 #include "llama_cli.hpp"
 
 #include <tokenizer_file.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -19,11 +21,15 @@ const char* usage =
     "usage: llama-generate (--checkpoint PATH | --random) [--tokenizer tokenizer.bin|tokenizer.model] [--prompt TEXT]...\n"
     "                      [--prompt-file FILE] [--max-new N] [--temperature T] [--top-k K] [--top-p P]\n"
     "                      [--repetition-penalty R] [--seed S] [--blocks N] [--block-size N] [--budget N]\n"
+    "                      [--tp N] [--max-memory-per-rank BYTES]\n"
     "  PATH: a llama2.c .bin (legacy or version 1), a .safetensors file, or an HF folder (config.json +\n"
     "  *.safetensors). --tokenizer: llama2.c's tokenizer.bin, or a SentencePiece tokenizer.model (LLaMA's); a prompt\n"
     "  is then bos + its ids and generation stops on the tokenizer's eos. Without it, a prompt is a list of token\n"
     "  ids (\"1 345 22\").\n"
-    "  --prompt-file: one prompt per line. All prompts run together in one continuous batch.\n";
+    "  --prompt-file: one prompt per line. All prompts run together in one continuous batch.\n"
+    "  --tp N: split the model over N tensor-parallel thread ranks (N must divide heads, kv-heads, hidden, vocab).\n"
+    "  --max-memory-per-rank BYTES (e.g. 512M, 2G): refuse, before loading, a model whose rank would need more\n"
+    "  (weights + KV pool + workspace, printed at start-up with the smallest tp that fits).\n";
 
 std::vector<loom::kv::token_id> parse_ids(const std::string& s) {
   std::istringstream in(s);
@@ -71,17 +77,19 @@ int main(int argc, char** argv) {
   const auto check = [&] { model.validate(); };
   if (const auto rc = examples::cli::command_line(argc, argv, "llama-generate", usage, on, check)) return *rc;
   try {
-    const llama::flat_weights w = model.load(random_config());
+    using engine = llama::llama_engine<float, loom::comm::thread_comm>;
+    ec.scheduler.max_num_seqs = static_cast<std::int32_t>(std::max<std::size_t>(prompts.size(), 1));
+    // The memory plan before any tensor is read: a model that does not fit is refused unread.
+    model.plan_memory<engine>("llama-generate", model.config_before_loading(random_config()), ec);
+    std::optional<llama::flat_weights> w(model.load(random_config()));
+    const llama::config c = w->cfg;
     std::optional<loom::data::any_tokenizer> tok;
-    if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, "none", w.cfg.vocab));
+    if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, "none", c.vocab));
     if (prompts.empty()) prompts.push_back(tok ? "Once upon a time" : "1");
-    const auto& c = w.cfg;
     std::printf("model: dim=%lld hidden=%lld layers=%lld heads=%lld kv_heads=%lld vocab=%lld seq_len=%lld\n",
                 static_cast<long long>(c.dim), static_cast<long long>(c.hidden_dim), static_cast<long long>(c.n_layers),
                 static_cast<long long>(c.n_heads), static_cast<long long>(c.n_kv_heads), static_cast<long long>(c.vocab),
                 static_cast<long long>(c.seq_len));
-    ec.scheduler.max_num_seqs = std::max<std::int32_t>(1, static_cast<std::int32_t>(prompts.size()));
-    llama::llama_engine<float> eng(w, ec);
     std::vector<loom::kv::request> reqs;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       loom::kv::request r;
@@ -99,26 +107,36 @@ int main(int argc, char** argv) {
       if (tok) r.stop_tokens = {tok->eos_id()};
       reqs.push_back(std::move(r));
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    auto out = eng.generate(reqs);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::size_t generated = 0;
-    for (auto& r : reqs) {
-      const auto& o = out[r.id];
-      generated += o.size();
-      std::printf("[%zu] %s", static_cast<std::size_t>(r.id), tok ? prompts[r.id].c_str() : "");
-      if (tok) {
-        std::string text;  // piece by piece, each after the one before it (a leading space stays)
-        for (std::size_t k = 0; k < o.size(); ++k) text += tok->decode_piece(k ? o[k - 1] : r.prompt.back(), o[k]);
-        std::printf("%s\n", text.c_str());
-      } else {
-        for (auto t : o) std::printf(" %d", t);
-        std::printf("\n");
+    llama::run_tensor_ranks(model.tp, [&](loom::comm::thread_comm& comm, const std::atomic<bool>&) {
+      loom::host_memory_resource weights("rank " + std::to_string(comm.rank()) + " weights");
+      engine eng(*w, comm, ec, weights);
+      comm.barrier();  // every rank has its slice: the whole model can go
+      if (comm.rank() != 0) return eng.follow();
+      w.reset();
+      std::printf("rank 0 of %d holds weights %zu + KV pool %zu + workspace %zu bytes\n", model.tp, weights.current_bytes(),
+                  eng.kv_bytes(), eng.workspace_bytes());
+      const auto t0 = std::chrono::steady_clock::now();
+      auto out = eng.generate(reqs);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      eng.stop_followers();
+      std::size_t generated = 0;
+      for (auto& r : reqs) {
+        const auto& o = out[r.id];
+        generated += o.size();
+        std::printf("[%zu] %s", static_cast<std::size_t>(r.id), tok ? prompts[r.id].c_str() : "");
+        if (tok) {
+          std::string text;  // piece by piece, each after the one before it (a leading space stays)
+          for (std::size_t k = 0; k < o.size(); ++k) text += tok->decode_piece(k ? o[k - 1] : r.prompt.back(), o[k]);
+          std::printf("%s\n", text.c_str());
+        } else {
+          for (auto t : o) std::printf(" %d", t);
+          std::printf("\n");
+        }
       }
-    }
-    std::printf("%zu prompts, %zu tokens generated in %.3f s (%.1f tokens/s), %lld engine steps, KV pool %.1f MiB\n",
-                prompts.size(), generated, s, generated / s, static_cast<long long>(eng.steps()),
-                eng.kv_bytes() / 1048576.0);
+      std::printf("%zu prompts, %zu tokens generated in %.3f s (%.1f tokens/s), %lld engine steps, KV pool %.1f MiB per rank, tp %d\n",
+                  prompts.size(), generated, s, generated / s, static_cast<long long>(eng.steps()), eng.kv_bytes() / 1048576.0,
+                  model.tp);
+    });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llama-generate: %s\n", e.what());
     return 1;

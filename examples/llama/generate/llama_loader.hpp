@@ -198,15 +198,21 @@ inline std::size_t half_split_row(std::size_t row, std::size_t hd) {
 
 }  // namespace detail
 
-/// llama2.c checkpoint -> weights.
-inline flat_weights load_llama2c(const std::string& path) {
-  auto ck = loom::io::read_llama2c(path);
-  const auto& k = ck.config;
+namespace detail {
+/// The decoder's config of a llama2.c header: adjacent-pair rotary, as Meta's and llama2.c's.
+inline config llama2c_config(const loom::io::llama2c_config& k) {
   config c;
   c.dim = k.dim, c.hidden_dim = k.hidden_dim, c.n_layers = k.n_layers, c.n_heads = k.n_heads;
   c.n_kv_heads = k.n_kv_heads, c.vocab = k.vocab_size, c.seq_len = k.seq_len;
   c.norm_eps = 1e-5, c.rope = loom::ops::rope_style::interleaved, c.tied_output = k.shared_classifier;
-  return detail::from_tensors(c, ck.tensors, nullptr, path);
+  return c;
+}
+}  // namespace detail
+
+/// llama2.c checkpoint -> weights.
+inline flat_weights load_llama2c(const std::string& path) {
+  auto ck = loom::io::read_llama2c(path);
+  return detail::from_tensors(detail::llama2c_config(ck.config), ck.tensors, nullptr, path);
 }
 
 namespace detail {
@@ -297,11 +303,24 @@ inline flat_weights load_hf_safetensors(const std::string& path) {
 /// rotary, as HF stores q/k; ChatGLM2/3), e.g. to build a trainer for llama3d::init_from_hf.
 inline config config_from_hf(const std::string& folder) { return hf_folder(folder).cfg(); }
 
-inline flat_weights load_checkpoint(const std::string& path) {
+namespace detail {
+/// Whether `path` (which must exist) is an HF checkpoint (a folder or a .safetensors file)
+/// rather than a llama2.c file.
+inline bool is_hf_checkpoint(const std::string& path) {
   namespace fs = std::filesystem;
   LOOM_CHECK(fs::exists(path), "checkpoint '", path, "' does not exist");
-  if (fs::is_directory(path) || fs::path(path).extension() == ".safetensors") return load_hf_safetensors(path);
-  return load_llama2c(path);
+  return fs::is_directory(path) || fs::path(path).extension() == ".safetensors";
+}
+}  // namespace detail
+
+inline flat_weights load_checkpoint(const std::string& path) {
+  return detail::is_hf_checkpoint(path) ? load_hf_safetensors(path) : load_llama2c(path);
+}
+
+/// The config load_checkpoint(path) gives, from what precedes the tensors only (config.json
+/// and the shards' headers; a llama2.c header), e.g. for a memory plan before loading.
+inline config checkpoint_config(const std::string& path) {
+  return detail::is_hf_checkpoint(path) ? config_from_hf(path) : detail::llama2c_config(loom::io::read_llama2c_config(path));
 }
 
 /// Writes sharded checkpoint `ckpt` (of a model with config `c`) as a Hugging Face folder of

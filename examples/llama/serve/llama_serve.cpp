@@ -1,18 +1,26 @@
 // llama-serve: HTTP server (ChatGLM api.py protocol + OpenAI-compatible completions and chat
 // completions with SSE streaming) over the paged-KV LLaMA engine. Ctrl-C stops it.
+// With --tp N the model is split over N thread ranks: rank 0 (the main thread) runs the
+// server, whose engine leads; ranks 1..N-1 run its plans (follow()) until it stops. A failed
+// rank ends the program with its error (the group's collectives throw, the server reports
+// its engine broken), never a hang.
 #include "llama_cli.hpp"
-#include "llama_server.hpp"
+#include "llama_engine.hpp"
+
+#include <loom/serve/http_server.hpp>
 
 #include <loom/serve/chat_setup.hpp>
 
 #include <tokenizer_file.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <optional>
 #include <pthread.h>
@@ -27,6 +35,7 @@ const char* usage =
     "                   [--blocks N] [--block-size N] [--budget N] [--max-seqs N] [--model-name NAME]\n"
     "                   [--api-key KEY] [--max-body-bytes N] [--max-tokens N] [--max-concurrent N]\n"
     "                   [--request-timeout S] [--read-timeout S] [--http-threads N] [--lora [NAME=]DIR ...]\n"
+    "                   [--tp N] [--max-memory-per-rank BYTES]\n"
     "  POST /                       ChatGLM api.py: {prompt, history, max_length, top_p, temperature}\n"
     "  POST /v1/completions         OpenAI completions (\"stream\": true for server-sent events)\n"
     "  POST /v1/chat/completions    OpenAI chat completions (\"stream\": true for server-sent events)\n"
@@ -46,7 +55,11 @@ const char* usage =
     "  --lora [NAME=]DIR      serve the PEFT LoRA adapter in DIR (adapter_config.json, adapter_model.safetensors)\n"
     "                         over the base, as model NAME (default: DIR's folder name); repeatable. A request\n"
     "                         picks it with \"model\": NAME (the base: --model-name or no field); adapters of\n"
-    "                         different requests share one batch\n";
+    "                         different requests share one batch\n"
+    "  --tp N                 split the model over N tensor-parallel thread ranks (N divides heads, kv-heads,\n"
+    "                         hidden, vocab); requests, streaming and cancellation are as on one rank\n"
+    "  --max-memory-per-rank BYTES  refuse, before loading, a model whose rank needs more (e.g. 512M, 2G; the\n"
+    "                         figures and the smallest tp that fits are printed at start-up)\n";
 
 // --lora's value: "NAME=DIR", or "DIR" named by its folder.
 std::pair<std::string, std::string> lora_flag(const std::string& v) {
@@ -107,6 +120,8 @@ int main(int argc, char** argv) {
     if (!threads_given) opt.http.threads = std::max(opt.http.threads, 2 * opt.max_in_flight);
     LOOM_CHECK(opt.http.threads > opt.max_in_flight, "flag --http-threads (", opt.http.threads,
                ") must exceed --max-concurrent (", opt.max_in_flight, "): threads must be left to read and refuse requests");
+    LOOM_CHECK(loras.empty() || model.tp == 1, "flag --lora needs --tp 1 (adapters over a split model are not supported yet), got --tp ",
+               model.tp);
     for (std::size_t i = 0; i < loras.size(); ++i) {
       LOOM_CHECK(loras[i].first != opt.model_name, "flag --lora: adapter name '", loras[i].first,
                  "' is the base model's name (--model-name)");
@@ -116,15 +131,22 @@ int main(int argc, char** argv) {
   };
   if (const auto rc = examples::cli::command_line(argc, argv, "llama-serve", usage, on, check)) return *rc;
   try {
+    using engine = llama::llama_engine<float, loom::comm::thread_comm>;
     llama::config rc;
     rc.dim = 64, rc.hidden_dim = 172, rc.n_layers = 2, rc.n_heads = 4, rc.n_kv_heads = 4, rc.seq_len = 256;
-    rc.vocab = 259;  // byte-level ids for --random (untied: a random tied classifier only repeats its input)
-    const llama::flat_weights w = model.load(rc);
-    const loom::serve::chat_setup chat = loom::serve::choose_chat_template(template_flag, w.cfg.model_type, model.tokenizer, model.checkpoint);
+    // --random: byte-level ids 3..258 and one unused id, so that tp 2 and 4 divide the
+    // vocabulary (untied: a random tied classifier only repeats its input)
+    rc.vocab = 260;
+    // The memory plan before any tensor is read: a model that does not fit is refused unread.
+    model.plan_memory<engine>("llama-serve", model.config_before_loading(rc), ec);
+    std::optional<llama::flat_weights> w(model.load(rc));
+    const llama::config cfg = w->cfg;
+    const loom::serve::chat_setup chat = loom::serve::choose_chat_template(template_flag, cfg.model_type, model.tokenizer, model.checkpoint);
     std::optional<loom::data::any_tokenizer> tok;
-    if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, chat.specials, w.cfg.vocab));
+    if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, chat.specials, cfg.vocab));
     const loom::serve::text_codec codec = tok ? loom::serve::text_codec(&*tok, chat.templ) : loom::serve::text_codec();
-    // Signals go to the main thread only, which waits for them and stops the server.
+    // Signals go to rank 0's thread (the main thread) only, which waits for them and stops the
+    // server; blocked before the ranks' threads start, which inherit the mask.
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -132,28 +154,49 @@ int main(int argc, char** argv) {
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
     std::vector<llama::served_adapter> adapters;
     for (const auto& [name, dir] : loras) {
-      adapters.push_back(llama::served_adapter::from_peft(name, dir, w.cfg));
+      adapters.push_back(llama::served_adapter::from_peft(name, dir, cfg));
       const auto& lc = adapters.back().config();
       std::string targets;
       for (const auto& m : lc.target_modules) targets += (targets.empty() ? "" : ",") + m;
       std::printf("llama-serve: LoRA adapter '%s' from %s (r=%d, lora_alpha=%g%s, %s)\n", name.c_str(), dir.c_str(),
                   static_cast<int>(lc.r), lc.lora_alpha, lc.use_rslora ? ", rsLoRA" : "", targets.c_str());
     }
-    llama::llama_server server(w, ec, codec, opt, std::move(adapters));
-    const int p = server.start(host, port);
-    std::printf("llama-serve: listening on http://%s:%d (model dim=%d layers=%d vocab=%d, KV pool %d blocks of %d)\n",
-                host.c_str(), p, static_cast<int>(w.cfg.dim), static_cast<int>(w.cfg.n_layers), static_cast<int>(w.cfg.vocab),
-                ec.num_blocks, ec.block_size);
-    std::printf("llama-serve: chat template %s (%s); answers stop on token ids", loom::serve::template_name(chat.templ).c_str(),
-                chat.why.c_str());
-    for (const auto id : codec.stop_tokens()) std::printf(" %d", static_cast<int>(id));
-    std::printf("\n");
-    std::fflush(stdout);
-    int sig = 0;
-    sigwait(&set, &sig);
-    std::printf("llama-serve: signal %d, stopping after %lld requests\n", sig,
-                static_cast<long long>(server.requests_served()));
-    server.stop();
+    llama::run_tensor_ranks(model.tp, [&](loom::comm::thread_comm& comm, const std::atomic<bool>& peer_failed) {
+      loom::host_memory_resource weights("rank " + std::to_string(comm.rank()) + " weights");
+      if (comm.rank() != 0) {
+        engine eng(*w, comm, ec, weights);
+        comm.barrier();  // every rank has its slice: rank 0 lets the whole model go
+        return eng.follow();
+      }
+      loom::serve::http_server<engine> server(codec, opt, *w, comm, ec, weights, std::move(adapters));
+      comm.barrier();
+      w.reset();
+      const int p = server.start(host, port);
+      std::printf("llama-serve: listening on http://%s:%d (model dim=%d layers=%d vocab=%d, KV pool %d blocks of %d, tp %d)\n",
+                  host.c_str(), p, static_cast<int>(cfg.dim), static_cast<int>(cfg.n_layers), static_cast<int>(cfg.vocab),
+                  ec.num_blocks, ec.block_size, model.tp);
+      std::printf("llama-serve: chat template %s (%s); answers stop on token ids", loom::serve::template_name(chat.templ).c_str(),
+                  chat.why.c_str());
+      for (const auto id : codec.stop_tokens()) std::printf(" %d", static_cast<int>(id));
+      std::printf("\n");
+      std::fflush(stdout);
+      // A signal, or a failed rank: another rank's error (the group is aborted; run_ranks
+      // reports that rank's), or the engine's group broken under a step.
+      const timespec poll{0, 100'000'000};
+      int sig = -1;
+      while (sig < 0) {
+        sig = sigtimedwait(&set, nullptr, &poll);
+        if (sig >= 0) break;
+        const std::string failure = server.failure();
+        if (peer_failed || !failure.empty()) {
+          server.stop();
+          throw loom::error(failure.empty() ? std::string("another rank failed") : "the tensor group failed: " + failure);
+        }
+      }
+      std::printf("llama-serve: signal %d, stopping after %lld requests\n", sig, static_cast<long long>(server.requests_served()));
+      server.stop();
+      server.engine().stop_followers();
+    });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llama-serve: %s\n", e.what());
     return 1;

@@ -113,18 +113,18 @@ inline std::optional<std::uint64_t> llama2c_floats(const llama2c_config& c) {
 
 inline constexpr std::uint32_t llama2c_magic = 0x616b3432u;  // "ak42"
 
-/// Reads a legacy or version-1 llama2.c checkpoint.
-inline llama2c_checkpoint read_llama2c(const std::string& path) {
-  const std::vector<char> bytes = detail::read_file_bytes(path);
-  const std::string what = "llama2.c checkpoint '" + path + "'";
-  detail::byte_reader r(bytes, what);
-  llama2c_checkpoint ck;
-  llama2c_config& c = ck.config;
-  constexpr std::size_t v1_header_bytes = 256;
+namespace detail {
+inline constexpr std::size_t llama2c_v1_header_bytes = 256;
+
+/// The header at the start of `r` (the file's first bytes, at least the 256 of a version-1
+/// header when the file has them) into `c`, checked, and the weights it describes against
+/// the `file_bytes` of the whole file; `r` is left at the first tensor.
+inline void read_llama2c_header(byte_reader& r, std::size_t file_bytes, const std::string& what, llama2c_config& c) {
+  constexpr std::size_t v1_header_bytes = llama2c_v1_header_bytes;
   const auto first = r.get<std::uint32_t>();
   if (first == llama2c_magic) {
-    LOOM_CHECK(bytes.size() >= v1_header_bytes, what, ": truncated: a version-1 header is ", v1_header_bytes,
-               " bytes, the file has ", bytes.size());
+    LOOM_CHECK(file_bytes >= v1_header_bytes, what, ": truncated: a version-1 header is ", v1_header_bytes,
+               " bytes, the file has ", file_bytes);
     c.version = r.get<std::int32_t>();
     LOOM_CHECK(c.version == 1, what, ": llama2.c version ", c.version,
                " is not supported (legacy and version 1 are; versions 2+ are quantised)");
@@ -149,11 +149,36 @@ inline llama2c_checkpoint read_llama2c(const std::string& path) {
   // The whole size before any allocation: huge dimensions in a small file stop here
   const auto floats = detail::llama2c_floats(c);
   const auto need = floats ? data::mul_u64(*floats, 4) : std::nullopt;
-  LOOM_CHECK(need && *need == r.left(), what, ": the header (dim=", c.dim, " hidden_dim=", c.hidden_dim, " n_layers=", c.n_layers,
+  const std::size_t left = file_bytes - r.pos();
+  LOOM_CHECK(need && *need == left, what, ": the header (dim=", c.dim, " hidden_dim=", c.hidden_dim, " n_layers=", c.n_layers,
              " n_heads=", c.n_heads, " n_kv_heads=", c.n_kv_heads, " vocab_size=", c.vocab_size, " seq_len=", c.seq_len,
              c.shared_classifier ? " shared" : " unshared", " classifier) describes ",
-             need ? std::to_string(*need) : std::string("more than 2^64"), " bytes of weights, the file has ", r.left(),
-             " after the ", r.pos(), "-byte header", need && *need > r.left() ? " (truncated?)" : " (wrong format?)");
+             need ? std::to_string(*need) : std::string("more than 2^64"), " bytes of weights, the file has ", left,
+             " after the ", r.pos(), "-byte header", need && *need > left ? " (truncated?)" : " (wrong format?)");
+}
+}  // namespace detail
+
+/// The config of a legacy or version-1 llama2.c checkpoint from its header alone (the file's
+/// first 256 bytes; its size checked against the weights the header describes), e.g. for a
+/// memory plan made before the weights are read.
+inline llama2c_config read_llama2c_config(const std::string& path) {
+  std::size_t file_bytes = 0;
+  const std::vector<char> head = detail::read_file_bytes(path, detail::llama2c_v1_header_bytes, &file_bytes);
+  const std::string what = "llama2.c checkpoint '" + path + "'";
+  detail::byte_reader r(head, what);
+  llama2c_config c;
+  detail::read_llama2c_header(r, file_bytes, what, c);
+  return c;
+}
+
+/// Reads a legacy or version-1 llama2.c checkpoint.
+inline llama2c_checkpoint read_llama2c(const std::string& path) {
+  const std::vector<char> bytes = detail::read_file_bytes(path);
+  const std::string what = "llama2.c checkpoint '" + path + "'";
+  detail::byte_reader r(bytes, what);
+  llama2c_checkpoint ck;
+  llama2c_config& c = ck.config;
+  detail::read_llama2c_header(r, bytes.size(), what, c);
   const std::int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, hd = c.dim / c.n_heads, KD = c.n_kv_heads * hd;
   auto& T = ck.tensors;
   auto read = [&](const std::string& name, std::vector<std::int64_t> shape) {

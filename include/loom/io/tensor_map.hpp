@@ -8,6 +8,7 @@
 #include <loom/core/buffer.hpp>
 #include <loom/core/error.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -31,7 +32,9 @@ struct named_tensor {
 using tensor_map = std::map<std::string, named_tensor>;
 
 namespace detail {
-inline std::vector<char> read_file_bytes(const std::string& path) {
+/// The file's bytes, or its first `limit` bytes; `file_bytes` (when given) gets its size.
+inline std::vector<char> read_file_bytes(const std::string& path, std::size_t limit = static_cast<std::size_t>(-1),
+                                         std::size_t* file_bytes = nullptr) {
   // A directory opens on Linux and reports a huge size: only regular files are read
   std::error_code ec;
   const bool regular = std::filesystem::is_regular_file(path, ec);
@@ -40,7 +43,8 @@ inline std::vector<char> read_file_bytes(const std::string& path) {
   LOOM_CHECK(f.good(), "cannot open file '", path, "'");
   const auto end = f.tellg();
   LOOM_CHECK(end >= 0, "cannot determine the size of '", path, "'");
-  const auto size = static_cast<std::size_t>(end);
+  if (file_bytes) *file_bytes = static_cast<std::size_t>(end);
+  const auto size = std::min(static_cast<std::size_t>(end), limit);
   std::vector<char> bytes(size);
   f.seekg(0);
   f.read(bytes.data(), static_cast<std::streamsize>(size));

@@ -19,7 +19,14 @@
 // the plans it receives until rank 0 calls stop_followers(). Sampling needs the full logit
 // rows on rank 0 only, but the model gives them on every rank (its collectives are the
 // same on all of them).
+//
+// A failed step of a group (a collective that threw: a peer failed, or timed out) leaves the
+// ranks in unknown states, so the engine is broken() afterwards and refuses further steps; a
+// server then ends rather than answering every later request with the same error. A leader
+// that is idle for long calls keep_alive() (a server's engine loop does), so that its
+// followers, waiting for the next plan under the communicator's timeout, do not give up.
 
+#include <loom/comm/timeout.hpp>
 #include <loom/core/buffer.hpp>
 #include <loom/core/error.hpp>
 #include <loom/kv/block_allocator.hpp>
@@ -29,6 +36,7 @@
 #include <loom/kv/scheduler.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <map>
@@ -91,6 +99,15 @@ class engine {
   kv::scheduler& scheduler() noexcept { return sched_; }
   block_allocator& allocator() noexcept { return alloc_; }
   std::size_t kv_bytes() const noexcept { return cache_.bytes(); }
+  /// Bytes of the step buffers sized once for the token budget: the engine's logit rows and
+  /// the model's activations (its workspace_bytes(), when it says).
+  std::size_t workspace_bytes() const {
+    std::size_t n = logits_.bytes() + raw_logits_.bytes();
+    if constexpr (requires { model_.workspace_bytes(); }) n += model_.workspace_bytes();
+    return n;
+  }
+  /// Whether a step of a group failed (the ranks' states are then unknown): no more steps.
+  bool broken() const noexcept { return broken_; }
   std::int64_t tokens_computed() const noexcept { return tokens_computed_; }
   std::int64_t steps() const noexcept { return steps_; }
   /// Logits [vocab] of the i-th sampled sequence of the last step (before sampling changed them).
@@ -124,15 +141,27 @@ class engine {
     return true;
   }
 
+  /// `cfg` as the engine uses it for a model of `context` tokens: max_model_len capped at the
+  /// context, max_num_seqs at the token budget (a memory plan sizes the buffers the same way).
+  static engine_config clamp(engine_config cfg, std::int64_t context) {
+    if (cfg.scheduler.max_model_len > context) cfg.scheduler.max_model_len = static_cast<std::int32_t>(context);
+    if (cfg.scheduler.max_num_seqs > cfg.scheduler.max_num_batched_tokens)
+      cfg.scheduler.max_num_seqs = cfg.scheduler.max_num_batched_tokens;
+    return cfg;
+  }
+
   /// Runs one scheduler step; returns the tokens produced. The leader only.
   const std::vector<token_event>& step() {
     check_leader("step");
     const step_plan& plan = sched_.schedule();
     LOOM_CHECK(!plan.empty() || !sched_.has_work(), "kv::engine::step: the scheduler made no progress with ",
                sched_.num_waiting(), " waiting and ", sched_.num_running(), " running sequences");
-    if constexpr (grouped_model<Model>)
-      if (model_.group().size() > 1) broadcast_plan(model_.group(), plan, wire_);
-    const std::int64_t rows = run(plan), V = model_.vocab();
+    const std::int64_t rows = grouped([&] {
+      if constexpr (grouped_model<Model>)
+        if (model_.group().size() > 1) broadcast_plan(model_.group(), plan, wire_), last_sent_ = clock::now();
+      return run(plan);
+    });
+    const std::int64_t V = model_.vocab();
     sampled_.clear();
     std::copy_n(logits_.data(), rows * V, raw_logits_.data());
     std::int64_t row = 0;
@@ -157,7 +186,19 @@ class engine {
     requires grouped_model<Model>
   {
     check_leader("stop_followers");
-    if (model_.group().size() > 1) broadcast_stop(model_.group());
+    if (model_.group().size() > 1 && !broken_) broadcast_stop(model_.group());
+  }
+  /// The leader, while it has no step to run: tells the followers it is alive when a quarter
+  /// of the communicator's timeout has passed since the last message (nothing when the
+  /// timeout is off, or the group is one rank).
+  void keep_alive()
+    requires grouped_model<Model>
+  {
+    check_leader("keep_alive");
+    const auto limit = comm::timeout();
+    if (model_.group().size() == 1 || limit.count() == 0 || clock::now() - last_sent_ < limit / 4) return;
+    grouped([&] { return broadcast_idle(model_.group()), 0; });
+    last_sent_ = clock::now();
   }
 
   /// Runs the given requests to completion; returns each request's generated tokens.
@@ -178,15 +219,20 @@ class engine {
     tokens_computed_ += plan.num_tokens();
     return plan.num_tokens() > 0 ? model_.forward(plan, cache_, logits_.span()) : 0;
   }
+  // f(): a step, with its collectives when the model spans ranks; a failure there marks the
+  // engine broken (one rank's failed step only fails the step: its requests are cancelled).
+  template <class F>
+  auto grouped(F f) {
+    LOOM_CHECK(!broken_, "kv::engine: a step of the model's group failed earlier; the ranks' caches are in unknown states");
+    try {
+      return f();
+    } catch (...) {
+      if constexpr (grouped_model<Model>) broken_ = model_.group().size() > 1;
+      throw;
+    }
+  }
   void check_leader(const char* what) {
     LOOM_CHECK(leader(), "kv::engine::", what, ": this rank follows rank 0's plans (follow()); requests and steps go to rank 0");
-  }
-
-  static engine_config clamp(engine_config cfg, std::int64_t context) {
-    if (cfg.scheduler.max_model_len > context) cfg.scheduler.max_model_len = static_cast<std::int32_t>(context);
-    if (cfg.scheduler.max_num_seqs > cfg.scheduler.max_num_batched_tokens)
-      cfg.scheduler.max_num_seqs = cfg.scheduler.max_num_batched_tokens;
-    return cfg;
   }
 
   Model model_;
@@ -199,6 +245,9 @@ class engine {
   buffer<float> raw_logits_;  // [seqs, vocab] before penalties and temperature
   std::vector<token_id> sampled_;
   std::int64_t tokens_computed_ = 0, steps_ = 0;
+  using clock = std::chrono::steady_clock;
+  clock::time_point last_sent_ = clock::now();  // the leader's last message to its followers
+  bool broken_ = false;
   std::vector<std::uint8_t> wire_;  // a grouped model's plan as bytes
   step_plan received_;              // followers: the leader's plan of this step
 };

@@ -18,7 +18,7 @@
 // The scheduler's sequence pointers are not sent: a received plan's chunks have seq ==
 // nullptr, and a model never reads them (scheduler.hpp, scheduled_chunk).
 //
-// On the wire: a header of two int64 (command: step or stop; the body's bytes), then the
+// On the wire: a header of two int64 (command: step, stop or idle; the body's bytes), then the
 // body: each array as its length (uint64) and its elements, host byte order (every rank of a
 // group runs the same build on the same kind of host). Two broadcasts per step, from root.
 // The receiver checks every length against the bytes that remain and the arrays against
@@ -156,8 +156,10 @@ inline void decode_plan(std::span<const std::uint8_t> in, step_plan& p) {
                p.qo_indptr[i + 1], ") and csr.indptr [", p.csr.indptr[i], ", ", p.csr.indptr[i + 1], ")");
 }
 
-/// What a plan message asks of the receiving ranks.
-enum class plan_command : std::int64_t { step = 0, stop = 1 };
+/// What a plan message asks of the receiving ranks. `idle`: no step yet, keep waiting; a
+/// leader with nothing to run sends it now and then so that its followers' wait for the next
+/// plan (bounded by the communicator's timeout) does not expire while a server is idle.
+enum class plan_command : std::int64_t { step = 0, stop = 1, idle = 2 };
 
 /// Root: sends `p` to every rank of `group` (`wire`: reused scratch).
 template <comm::communicator C>
@@ -175,11 +177,20 @@ void broadcast_stop(C& group, int root = 0) {
   group.broadcast(std::span<std::int64_t>(header), root);
 }
 
-/// Every rank but root: the next plan into `p`; false when root sent stop instead.
+/// Root: tells every other rank of `group` that it is alive and has no plan yet.
+template <comm::communicator C>
+void broadcast_idle(C& group, int root = 0) {
+  std::array<std::int64_t, 2> header{static_cast<std::int64_t>(plan_command::idle), 0};
+  group.broadcast(std::span<std::int64_t>(header), root);
+}
+
+/// Every rank but root: the next plan into `p` (idle messages are waited past); false when
+/// root sent stop instead.
 template <comm::communicator C>
 bool receive_plan(C& group, step_plan& p, std::vector<std::uint8_t>& wire, int root = 0) {
   std::array<std::int64_t, 2> header{};
-  group.broadcast(std::span<std::int64_t>(header), root);
+  do group.broadcast(std::span<std::int64_t>(header), root);
+  while (header[0] == static_cast<std::int64_t>(plan_command::idle));
   if (header[0] == static_cast<std::int64_t>(plan_command::stop)) return false;
   LOOM_CHECK(header[0] == static_cast<std::int64_t>(plan_command::step) && header[1] >= 0,
              "kv::receive_plan: a header with command=", header[0], " and bytes=", header[1]);

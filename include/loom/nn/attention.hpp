@@ -278,6 +278,12 @@ class attention {
     };
     return {p(wq_), p(wk_), p(wv_), p(wo_), b(wq_), b(wk_), b(wv_)};
   }
+  /// Bytes pack() takes from its resource (a memory plan made before the weights are read).
+  std::size_t packed_bytes() const {
+    std::size_t n = 0;
+    for (const linear<T>* l : {&wq_, &wk_, &wv_, &wo_}) n += ops::packed_weight::bytes_for(l->out_features(), l->in_features());
+    return n;
+  }
 
   /// y [n, dim] = this layer for n new tokens x [n, dim] at `positions` (each token's place
   /// in its sequence), summed over the tensor group tp; y is overwritten. Where the keys and

@@ -130,6 +130,12 @@ class swiglu_mlp {
     auto p = [&](const linear<T>& l) { return ops::packed_weight(l.weight().in(params), ops::host_sgemm_kernel(), mr); };
     return {p(w1_), p(w2_), p(w3_)};
   }
+  /// Bytes pack() takes from its resource (a memory plan made before the weights are read).
+  std::size_t packed_bytes() const {
+    std::size_t n = 0;
+    for (const linear<T>* l : {&w1_, &w2_, &w3_}) n += ops::packed_weight::bytes_for(l->out_features(), l->in_features());
+    return n;
+  }
   /// y [rows, dim] = mlp(x [rows, dim]) summed over tp, keeping no activations (scratch from
   /// ws); y may be x's buffer (x is read only before y is written). `hook(projection, in,
   /// out)` runs after each projection (projection_hook.hpp): gate and up before the

@@ -27,6 +27,12 @@
 // steps while there is work, and hands each produced token to its request's channel, which
 // the handler waits on (whole response) or streams from (SSE). So concurrent requests share
 // one continuous batch.
+// An engine over a tensor group (kv::engine with a model on several ranks): the server talks
+// to rank 0's engine only, which broadcasts each step's plan to the others; the engine
+// thread keeps the followers waiting past their timeout while idle (keep_alive()). A
+// failed step there breaks the group (engine.broken()): the server then fails its requests
+// and every later one with its error and reports failure(), on which the program ends; one rank's
+// failed step only fails its requests.
 // Limits (server_options): a request body over max_body_bytes is refused (413) before it is
 // read, compressed or multipart bodies are refused (415: a small gzip body can inflate to
 // gigabytes); at most max_in_flight requests are admitted (503 above, Retry-After); a prompt
@@ -187,6 +193,14 @@ class http_server {
     if (engine_thread_.joinable()) engine_thread_.join();
   }
   int port() const noexcept { return port_; }
+  /// The engine; use it only while the server is stopped (the engine thread owns it while
+  /// running), e.g. to release a tensor group's followers after stop().
+  Engine& engine() noexcept { return engine_; }
+  /// Why the engine can no longer step (its tensor group failed); empty while it can.
+  std::string failure() const {
+    std::lock_guard lk(mu_);
+    return failure_;
+  }
   /// Most sequences in one engine step so far (shows that requests shared the batch).
   std::int32_t max_batch() const noexcept { return max_batch_.load(); }
   std::int64_t requests_served() const noexcept { return served_.load(); }
@@ -257,7 +271,21 @@ class http_server {
         }
         aborts_.clear();
       }
-      if (!running_ || !engine_.has_work()) continue;
+      if (!running_) continue;
+      if (!engine_.has_work()) {
+        if constexpr (requires { engine_.keep_alive(); }) {
+          if (!engine_broken()) try {
+              engine_.keep_alive();
+            } catch (const std::exception& e) {
+              fail_all(live, e.what());
+            }
+        }
+        continue;
+      }
+      if (engine_broken()) {
+        fail_all(live, failure());
+        continue;
+      }
       try {
         const auto& events = engine_.step();
         std::int32_t batch = static_cast<std::int32_t>(engine_.scheduler().num_running());
@@ -276,17 +304,30 @@ class http_server {
         }
         engine_.scheduler().take_finished();
       } catch (const std::exception& e) {  // a failed step fails its requests, not the server
-        for (auto& [id, ch] : live) {
-          engine_.cancel(id);
-          finish(*ch, loom::kv::finish_reason::aborted, e.what());
-        }
-        live.clear();
+        fail_all(live, e.what());
       }
     }
     for (auto& [id, ch] : live) finish(*ch, loom::kv::finish_reason::aborted, "server stopped");
     std::lock_guard lk(mu_);
     for (auto& j : queue_) finish(*j.ch, loom::kv::finish_reason::aborted, "server stopped");
     queue_.clear();
+  }
+  bool engine_broken() const {
+    if constexpr (requires(const Engine& e) { e.broken(); }) return engine_.broken();
+    return false;
+  }
+  // A failed step (or keep-alive): its requests fail; a broken group records why, and every
+  // request admitted later fails at once with it.
+  void fail_all(std::map<std::uint64_t, std::shared_ptr<channel>>& live, const std::string& why) {
+    if (engine_broken()) {
+      std::lock_guard lk(mu_);
+      if (failure_.empty()) failure_ = why;
+    }
+    for (auto& [id, ch] : live) {
+      engine_.cancel(id);
+      finish(*ch, loom::kv::finish_reason::aborted, why);
+    }
+    live.clear();
   }
   static void finish(channel& ch, loom::kv::finish_reason r, const std::string& err) {
     {
@@ -677,8 +718,9 @@ class http_server {
   std::vector<std::string> adapters_;  // the engine's LoRA adapters by name: adapter i + 1
   http::server http_;
   std::thread engine_thread_, http_thread_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::string failure_;  // the engine's group failed: why (guarded by mu_)
   std::deque<job> queue_;
   std::vector<std::uint64_t> aborts_;
   std::atomic<bool> running_{false};

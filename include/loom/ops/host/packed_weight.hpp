@@ -49,6 +49,21 @@ class packed_weight {
   host_sgemm kernel() const noexcept { return kernel_; }
   /// Bytes of the packed copy (panels are padded to the kernel's width).
   std::size_t bytes() const noexcept { return data_.bytes(); }
+  /// Bytes a packed copy of a [n, k] weight takes for `kernel`, without packing one: what a
+  /// memory plan counts before any weight is read (the same layouts as the constructor).
+  static std::size_t bytes_for(index_t n, index_t k, host_sgemm kernel = host_sgemm_kernel()) {
+    kernel = detail::checked_host_sgemm(kernel, "ops::packed_weight::bytes_for");
+    if (n == 0 || k == 0) return 0;
+    index_t floats = n * k;  // BLAS: a contiguous copy
+    switch (kernel) {
+#if LOOM_HAS_SGEMM_X86
+      case host_sgemm::avx512: floats = detail::sgemm_packed_layout<detail::sgemm_avx512>{n, k}.floats(); break;
+      case host_sgemm::avx2: floats = detail::sgemm_packed_layout<detail::sgemm_avx2>{n, k}.floats(); break;
+#endif
+      default: break;
+    }
+    return static_cast<std::size_t>(floats) * sizeof(float);
+  }
   const float* data() const noexcept { return data_.data(); }
 
  private:

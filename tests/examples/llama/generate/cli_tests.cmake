@@ -17,3 +17,34 @@ if(LOOM_TOKENIZER_ORACLE)  # a SentencePiece tokenizer.model made by the tests/d
                        PASS_REGULAR_EXPRESSION "bpe.model': vocab_size=1400 is larger than the model's vocab_size=256"
                        FIXTURES_REQUIRED tokenizer_fixtures TIMEOUT 30)
 endif()
+# --tp: thread ranks of this process. The greedy tokens at tp 2 and 4 are the tp 1 run's (the
+# oracle: these ids are what `llama-generate --random --prompt "1 2 3" --max-new 8 --temperature 0`
+# prints on one rank; llama_tp_engine_test checks the engine itself against one rank).
+foreach(_tp 1 2 4)
+  add_test(NAME llama_generate_cli_tp${_tp}
+           COMMAND llama-generate --random --prompt "1 2 3" --max-new 8 --temperature 0 --tp ${_tp})
+  set_tests_properties(llama_generate_cli_tp${_tp} PROPERTIES
+                       PASS_REGULAR_EXPRESSION "\\[0\\]  151 46 34 34 34 34 34 108\n.*tp ${_tp}\n" TIMEOUT 30)
+endforeach()
+# Bad --tp values are named: zero, not a number, one that does not divide the heads (4).
+add_test(NAME llama_generate_cli_tp_zero COMMAND llama-generate --random --tp 0)
+set_tests_properties(llama_generate_cli_tp_zero PROPERTIES PASS_REGULAR_EXPRESSION "flag --tp must be in \\[1, 1024\\], got 0" TIMEOUT 30)
+add_test(NAME llama_generate_cli_tp_word COMMAND llama-generate --random --tp two)
+set_tests_properties(llama_generate_cli_tp_word PROPERTIES PASS_REGULAR_EXPRESSION "flag --tp needs a number, got 'two'" TIMEOUT 30)
+add_test(NAME llama_generate_cli_tp_split COMMAND llama-generate --random --tp 3)
+set_tests_properties(llama_generate_cli_tp_split PROPERTIES
+                     PASS_REGULAR_EXPRESSION "flag --tp 3 cannot split this model: .*n_heads \\(4\\) must be divisible by tp \\(3\\)" TIMEOUT 30)
+# --max-memory-per-rank: the random model needs about 6 MiB per rank at tp 1 and under 2 MiB at
+# tp 4 (printed at start-up); with 2M it is refused before loading at tp 1, naming the figures
+# and the smallest tp that fits, and runs at tp 4. A bad size is named.
+add_test(NAME llama_generate_cli_memory_refused COMMAND llama-generate --random --tp 1 --max-memory-per-rank 2M)
+set_tests_properties(llama_generate_cli_memory_refused PROPERTIES
+                     PASS_REGULAR_EXPRESSION "does not fit --max-memory-per-rank 2097152 bytes at --tp 1: each rank needs [0-9]+ bytes \\(weights [0-9]+ \\+ KV pool [0-9]+ \\+ workspace [0-9]+\\); the smallest tp that fits is 4"
+                     FAIL_REGULAR_EXPRESSION "generated" TIMEOUT 30)
+add_test(NAME llama_generate_cli_memory_fits COMMAND llama-generate --random --tp 4 --max-memory-per-rank 2M --max-new 4)
+set_tests_properties(llama_generate_cli_memory_fits PROPERTIES
+                     PASS_REGULAR_EXPRESSION "the smallest tp that fits is 4.*1 prompts, 4 tokens generated" TIMEOUT 30)
+add_test(NAME llama_generate_cli_memory_bad COMMAND llama-generate --random --max-memory-per-rank 12Q)
+set_tests_properties(llama_generate_cli_memory_bad PROPERTIES
+                     PASS_REGULAR_EXPRESSION "flag --max-memory-per-rank needs a positive number of bytes \\(e.g. 1048576, 512M, 2G\\), got '12Q'"
+                     TIMEOUT 30)

@@ -218,6 +218,57 @@ TEST_CASE("a step plan survives its wire form; truncated or inconsistent bytes a
   CHECK_THROWS_WITH_AS(loom::kv::decode_plan(huge, q), doctest::Contains("kv::decode_plan: chunks="), loom::error);
 }
 
+// The memory plan a program prints before loading (llama_engine::memory_plan) against what
+// each rank holds once the engine is made: its weight resource's bytes (a counting resource),
+// the pool's bytes and the step buffers'; and a generation does not grow the workspace. A
+// config whose panels need padding (dims not multiples of the kernel's width) and a GQA one.
+TEST_CASE("memory plan per rank = the counting resource's weight bytes, the pool's and the workspace's, at tp 1, 2, 4") {
+  llama::config odd = tp_llama();
+  odd.dim = 96, odd.hidden_dim = 100, odd.n_heads = 4, odd.n_kv_heads = 4, odd.vocab = 260;  // head_dim 24, hidden/4 = 25
+  for (const llama::config& c : {tp_llama(), odd}) {
+    const llama::flat_weights w = llama::flat_weights::random(c, 3);
+    const auto reqs = llama_generate_test::make_requests(c, 8);
+    for (int tp : {1, 2, 4}) {
+      if (c.n_kv_heads % tp) continue;
+      CAPTURE(tp);
+      CAPTURE(c.dim);
+      const llama::engine_config ec = tight_engine();
+      const llama::rank_memory plan = llama::llama_engine<float, thread_comm>::memory_plan(c, ec, tp);
+      std::vector<llama::rank_memory> held(static_cast<std::size_t>(tp));
+      std::vector<std::size_t> after(static_cast<std::size_t>(tp));
+      loom::comm::run_ranks(tp, [&](thread_comm& comm) {
+        loom::host_memory_resource weights("rank weights");
+        llama::llama_engine<float, thread_comm> eng(w, comm, ec, weights);
+        const auto r = static_cast<std::size_t>(comm.rank());
+        held[r] = {weights.current_bytes(), eng.kv_bytes(), eng.workspace_bytes()};
+        if (comm.rank() == 0) {
+          eng.generate(reqs);
+          eng.stop_followers();
+        } else {
+          eng.follow();
+        }
+        after[r] = eng.workspace_bytes();
+      });
+      for (std::size_t r = 0; r < held.size(); ++r) {
+        CAPTURE(r);
+        CHECK(held[r].weights == plan.weights);
+        CHECK(held[r].kv == plan.kv);
+        CHECK(held[r].workspace == plan.workspace);
+        CHECK(after[r] == held[r].workspace);  // the layers' scratch was sized for the budget
+      }
+    }
+  }
+  // Weights follow the docs' formula where nothing is padded (tp_llama's sizes).
+  CHECK(llama::llama_engine<float, thread_comm>::memory_plan(tp_llama(), tight_engine(), 2).weights ==
+        weight_bytes_formula(tp_llama(), 2));
+  // The smallest tp whose ranks fit a limit: the plan's own totals decide.
+  const auto at = [](int tp) { return llama::llama_engine<float, thread_comm>::memory_plan(tp_llama(), tight_engine(), tp).total(); };
+  using E = llama::llama_engine<float, thread_comm>;
+  CHECK(E::smallest_tp(tp_llama(), tight_engine(), at(1)) == 1);
+  CHECK(E::smallest_tp(tp_llama(), tight_engine(), at(1) - 1) == 2);
+  CHECK(E::smallest_tp(tp_llama(), tight_engine(), at(2) - 1) == 0);  // n_kv_heads = 2: no tp beyond 2
+}
+
 // Each of two ranks' error from f(comm) (empty: none).
 template <class F>
 std::vector<std::string> errors_on_two_ranks(F f) {

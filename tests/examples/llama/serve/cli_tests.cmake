@@ -24,3 +24,15 @@ set_tests_properties(llama_serve_cli_lora_bad_value PROPERTIES
 add_test(NAME llama_serve_cli_lora_missing COMMAND llama-serve --random --lora sql=/nonexistent/sql-lora --port 1)
 set_tests_properties(llama_serve_cli_lora_missing PROPERTIES
                      PASS_REGULAR_EXPRESSION "cannot open file '/nonexistent/sql-lora/adapter_config.json'" TIMEOUT 30)
+# --tp and --max-memory-per-rank (the same flags as llama-generate's): a split --tp cannot make
+# is named; a model over the per-rank limit is refused before loading with its figures and
+# the smallest tp that fits; adapters need --tp 1.
+add_test(NAME llama_serve_cli_tp_split COMMAND llama-serve --random --tp 3 --port 1)
+set_tests_properties(llama_serve_cli_tp_split PROPERTIES
+                     PASS_REGULAR_EXPRESSION "flag --tp 3 cannot split this model: .*n_heads \\(4\\) must be divisible by tp \\(3\\)" TIMEOUT 30)
+add_test(NAME llama_serve_cli_memory_refused COMMAND llama-serve --random --tp 1 --max-memory-per-rank 1M --port 1)
+set_tests_properties(llama_serve_cli_memory_refused PROPERTIES
+                     PASS_REGULAR_EXPRESSION "does not fit --max-memory-per-rank 1048576 bytes at --tp 1: each rank needs [0-9]+ bytes \\(weights [0-9]+ \\+ KV pool [0-9]+ \\+ workspace [0-9]+\\); no tp up to n_heads=4 fits"
+                     FAIL_REGULAR_EXPRESSION "listening" TIMEOUT 30)
+add_test(NAME llama_serve_cli_lora_tp COMMAND llama-serve --random --tp 2 --lora sql=/nonexistent/sql-lora --port 1)
+set_tests_properties(llama_serve_cli_lora_tp PROPERTIES PASS_REGULAR_EXPRESSION "flag --lora needs --tp 1 .*got --tp 2" TIMEOUT 30)
