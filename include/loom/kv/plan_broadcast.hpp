@@ -118,7 +118,8 @@ inline void encode_plan(const step_plan& p, std::vector<std::uint8_t>& out) {
 inline void decode_plan(std::span<const std::uint8_t> in, step_plan& p) {
   detail::plan_reader r(in);
   const auto chunks = r.scalar<std::uint64_t>("chunks");
-  LOOM_CHECK(chunks <= r.remaining() / 20, "kv::decode_plan: chunks=", chunks, " do not fit the ", r.remaining(),
+  constexpr std::size_t chunk_bytes = sizeof(std::int64_t) + 3 * sizeof(std::int32_t);  // start, len, samples, adapter
+  LOOM_CHECK(chunks <= r.remaining() / chunk_bytes, "kv::decode_plan: chunks=", chunks, " do not fit the ", r.remaining(),
              " bytes that remain");
   p.chunks.resize(static_cast<std::size_t>(chunks));
   for (scheduled_chunk& c : p.chunks) {
@@ -161,27 +162,33 @@ inline void decode_plan(std::span<const std::uint8_t> in, step_plan& p) {
 /// plan (bounded by the communicator's timeout) does not expire while a server is idle.
 enum class plan_command : std::int64_t { step = 0, stop = 1, idle = 2 };
 
+namespace detail {
+/// Root: the message header (command, body bytes) every plan message starts with.
+template <comm::communicator C>
+void broadcast_header(C& group, plan_command cmd, std::size_t body_bytes, int root) {
+  std::array<std::int64_t, 2> header{static_cast<std::int64_t>(cmd), static_cast<std::int64_t>(body_bytes)};
+  group.broadcast(std::span<std::int64_t>(header), root);
+}
+}  // namespace detail
+
 /// Root: sends `p` to every rank of `group` (`wire`: reused scratch).
 template <comm::communicator C>
 void broadcast_plan(C& group, const step_plan& p, std::vector<std::uint8_t>& wire, int root = 0) {
   encode_plan(p, wire);
-  std::array<std::int64_t, 2> header{static_cast<std::int64_t>(plan_command::step), static_cast<std::int64_t>(wire.size())};
-  group.broadcast(std::span<std::int64_t>(header), root);
+  detail::broadcast_header(group, plan_command::step, wire.size(), root);
   group.broadcast(std::span<std::uint8_t>(wire), root);
 }
 
 /// Root: tells every other rank of `group` that no plan follows (receive_plan returns false).
 template <comm::communicator C>
 void broadcast_stop(C& group, int root = 0) {
-  std::array<std::int64_t, 2> header{static_cast<std::int64_t>(plan_command::stop), 0};
-  group.broadcast(std::span<std::int64_t>(header), root);
+  detail::broadcast_header(group, plan_command::stop, 0, root);
 }
 
 /// Root: tells every other rank of `group` that it is alive and has no plan yet.
 template <comm::communicator C>
 void broadcast_idle(C& group, int root = 0) {
-  std::array<std::int64_t, 2> header{static_cast<std::int64_t>(plan_command::idle), 0};
-  group.broadcast(std::span<std::int64_t>(header), root);
+  detail::broadcast_header(group, plan_command::idle, 0, root);
 }
 
 /// Every rank but root: the next plan into `p` (idle messages are waited past); false when
