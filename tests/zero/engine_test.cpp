@@ -2,7 +2,8 @@
 // 20 steps and must reproduce a naive single-rank trainer (own forward/backward loop and
 // own AdamW, no engine) within 1e-5; the model's gradient is checked against finite
 // differences; per-rank model-state memory, measured by the memory resources, must match
-// the ZeRO formulas; optimizer offload to cpu and to an nvme file gives the same losses.
+// the ZeRO formulas; optimizer offload to cpu and to an nvme file gives the same losses, and
+// with optimizer groups each group's moments are created (in memory or a file) when it first trains.
 #include <loom/zero/engine.hpp>
 
 #include <loom/comm/thread_comm.hpp>
@@ -193,6 +194,98 @@ TEST_CASE("optimizer offload to cpu and nvme: same losses, state off the device,
   CHECK(on_nvme.final_master == stage2_mem.final_master);
   CHECK(on_nvme.host_current == 0);
   CHECK(std::filesystem::is_empty(dir));
+  std::filesystem::remove(dir);
+}
+
+namespace {
+// Two optimizer groups over the toy model (group 0: its first parameter, group 1: its last,
+// the others in no group), group 1 frozen until step `unfreeze`. Returns the run and, per
+// step, the optimizer bytes the engine reports, the formula's, and the bytes of the files
+// in `dir` (nvme; empty: not looked at).
+struct grouped_run {
+  run_result r;
+  std::vector<std::size_t> engine_bytes, file_bytes, expected;
+};
+template <class Stage>
+grouped_run run_grouped(int world, const zero::engine_options& o, std::size_t unfreeze, const std::filesystem::path& dir) {
+  grouped_run out;
+  const std::size_t L = kLayers, D = kWidth;
+  comm::run_ranks(world, [&](comm::thread_comm& c) {
+    const std::size_t w = std::size_t(c.size()), rank = std::size_t(c.rank());
+    host_memory_resource states("states"), scratch("scratch"), host("host");
+    toy_mlp model(L, D);
+    const zero::flat_layout lay(toy_mlp::specs(L, D), w);
+    const auto& sz = lay.sizes();
+    zero::engine<Stage, float, comm::thread_comm> e(c, lay, o, {&states, &scratch, &host},
+                                                    [D](std::size_t p, std::size_t first, std::span<float> v) { toy_mlp::init(D, p, first, v); });
+    // group 0: the first parameter; group 1: the last; the others in no group
+    const std::size_t last = sz.params() - 1;
+    e.set_groups({{sz.offset(0), sz.offset(0) + sz.padded_numel(0), 0}, {sz.offset(last), sz.offset(last) + sz.padded_numel(last), 1}}, 2);
+    e.set_group(1, o.adamw, false);
+    // this rank's elements per group, from the layout (stage 0: the whole padded layout)
+    std::size_t N = 0, n[3] = {0, 0, 0};
+    for (std::size_t p = 0; p < sz.params(); ++p) {
+      const std::size_t mine = Stage::shards_optimizer::value ? sz.shard_numel(p) : sz.padded_numel(p);
+      N += mine;
+      n[p == 0 ? 0 : p == last ? 1 : 2] += mine;
+    }
+    grouped_run g;
+    const std::size_t local = kBatch / w;
+    for (std::size_t s = 0; s < kSteps; ++s) {
+      if (s == unfreeze) e.set_group(1, o.adamw, true);
+      model.set_batch(s, rank * local, local);
+      e.forward(model);
+      float loss = model.loss();
+      c.all_reduce(std::span<const float>(&loss, 1), std::span<float>(&loss, 1), comm::reduce_op::avg);
+      g.r.losses.push_back(loss);
+      e.backward(model);
+      e.step();
+      g.engine_bytes.push_back(e.bytes().optimizer);
+      g.expected.push_back(4 * N + 8 * (n[0] + n[2] + (s >= unfreeze ? n[1] : 0)));
+      c.barrier();
+      if (rank == 0 && !dir.empty()) {
+        std::size_t files = 0;
+        for (const auto& f : std::filesystem::directory_iterator(dir)) files += std::filesystem::file_size(f.path());
+        g.file_bytes.push_back(files);
+      }
+      c.barrier();
+    }
+    g.r.final_master = e.gather_master();
+    if (rank == 0) out = std::move(g);
+  });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("lazy group moments with nvme offload: each group's file is created when it first trains; same bits as in memory") {
+  // Per rank, with N its fp32 master elements and n_g its elements of group g (n_none: in no
+  // group): optimizer bytes after step s = 4 N + 8 (n_0 + n_none + [s >= unfreeze] n_1), in
+  // the engine's accounting and, with nvme offload, in the files under nvme_path.
+  const auto dir = std::filesystem::temp_directory_path() / "loom_zero_engine_nvme_groups";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  zero::engine_options mem = small_options(), nvme = mem;
+  nvme.offload_optimizer = zero::offload_device::nvme;
+  nvme.nvme_path = dir.string();
+  const std::size_t unfreeze = 5;
+  const auto check = [&](const grouped_run& on_nvme, const grouped_run& in_memory, int world) {
+    INFO("world=", world);
+    CHECK(on_nvme.r.losses == in_memory.r.losses);
+    CHECK(on_nvme.r.final_master == in_memory.r.final_master);
+    CHECK(on_nvme.engine_bytes == on_nvme.expected);
+    CHECK(in_memory.engine_bytes == on_nvme.expected);
+    // every rank's files are in dir: world times rank 0's figure (the toy layout divides evenly)
+    REQUIRE(on_nvme.file_bytes.size() == on_nvme.expected.size());
+    for (std::size_t s = 0; s < on_nvme.expected.size(); ++s) {
+      INFO("step ", s);
+      CHECK(on_nvme.file_bytes[s] == std::size_t(world) * on_nvme.expected[s]);
+    }
+    CHECK(on_nvme.expected[unfreeze] > on_nvme.expected[unfreeze - 1]);
+    CHECK(std::filesystem::is_empty(dir));
+  };
+  check(run_grouped<zero::stage0>(1, nvme, unfreeze, dir), run_grouped<zero::stage0>(1, mem, unfreeze, {}), 1);
+  check(run_grouped<zero::stage2>(2, nvme, unfreeze, dir), run_grouped<zero::stage2>(2, mem, unfreeze, {}), 2);
+  check(run_grouped<zero::stage3>(2, nvme, unfreeze, dir), run_grouped<zero::stage3>(2, mem, unfreeze, {}), 2);
   std::filesystem::remove(dir);
 }
 

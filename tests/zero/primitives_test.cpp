@@ -115,6 +115,19 @@ TEST_CASE("optimizer_state: device, cpu and nvme placement; the nvme file is rem
     s.exp_avg_sq()[99] = 1.f;
     CHECK(s.master()[5] == 2.5f);
     CHECK(s.exp_avg()[0] == 0.f);
+    // a master without moments (the engine's lazy group moments keep those in stores of their own)
+    zero::optimizer_state master_only(100, zero::offload_device::nvme, dev, host, dir.string(), 3, false);
+    CHECK(std::filesystem::file_size(master_only.path()) == 400);
+    CHECK(master_only.exp_avg().empty());
+    // a store moved keeps its file; the one moved over has its own removed
+    zero::state_store a(10, zero::offload_device::nvme, dev, host, dir.string(), 4), b(20, zero::offload_device::nvme, dev, host, dir.string(), 4);
+    a.span()[9] = 7.f;
+    const std::string a_path = a.path(), b_path = b.path();
+    b = std::move(a);
+    CHECK(b.path() == a_path);
+    CHECK(b.span()[9] == 7.f);
+    CHECK(std::filesystem::exists(a_path));
+    CHECK_FALSE(std::filesystem::exists(b_path));
   }
   CHECK(std::filesystem::is_empty(dir));
   std::filesystem::remove(dir);

@@ -79,8 +79,8 @@ struct engine_options {
   offload_device offload_optimizer = offload_device::none;
   std::string nvme_path;                          ///< offload_optimizer.nvme_path
   /// With optimizer groups (engine::set_groups): a group's Adam moments are allocated when it
-  /// first trains, not before (not with nvme offload, whose file is sized once); false: all
-  /// of them up front, as without groups.
+  /// first trains, not before (with nvme offload, in a file of its own created then); false:
+  /// all of them up front, as without groups.
   bool lazy_group_state = true;
 };
 
@@ -366,7 +366,7 @@ class engine {
     ranges_ = std::move(ranges);
     groups_.assign(groups, group_settings{opt_.adamw, true, 0});
     moments_.clear();
-    if (!opt_.lazy_group_state || opt_.offload_optimizer == offload_device::nvme) return;
+    if (!opt_.lazy_group_state) return;
     // Lazy moments: the state keeps the master only, and each group (the last: elements in no
     // range, which always train) its m and v in a buffer of its own, allocated at the first
     // apply() that trains it -- so a frozen group costs no optimizer memory until it unfreezes.
@@ -375,7 +375,7 @@ class engine {
     moments_.resize(groups + 1);
     for_each_piece([&](std::size_t, std::size_t, std::size_t n, std::size_t g, std::size_t) { moments_[g].n += n; });
     auto master = std::make_unique<optimizer_state>(state_->size(), opt_.offload_optimizer, state_resource(), *res_.host,
-                                                    std::string{}, static_cast<int>(rank_), false);
+                                                    opt_.nvme_path, static_cast<int>(rank_), false);
     std::ranges::copy(state_->master(), master->master().begin());
     state_ = std::move(master);
     allocate_moments(groups);
@@ -611,12 +611,13 @@ class engine {
     return {mv.subspan(local, n), mv.subspan(moments_[g].n + local, n)};
   }
   memory_resource& state_resource() const noexcept { return res_.optimizer ? *res_.optimizer : *res_.states; }
-  // Group g's moments, zero, where the state would hold them (host with cpu offload).
+  // Group g's moments, zero, where the state would hold them (host with cpu offload, a file
+  // of its own with nvme offload, which reads zeros as created).
   void allocate_moments(std::size_t g) {
     group_moments& gm = moments_[g];
     if (gm.allocated) return;
-    gm.mv = buffer<float>(2 * gm.n, opt_.offload_optimizer == offload_device::cpu ? *res_.host : state_resource());
-    std::ranges::fill(gm.mv.span(), 0.f);
+    gm.mv = state_store(2 * gm.n, opt_.offload_optimizer, state_resource(), *res_.host, opt_.nvme_path, static_cast<int>(rank_));
+    if (opt_.offload_optimizer != offload_device::nvme) std::ranges::fill(gm.mv.span(), 0.f);
     gm.allocated = true;
   }
   // fn(m, v) over flat [state size] moments: the state's own, or (lazy) a copy of the groups'
@@ -645,7 +646,7 @@ class engine {
   }
 
   struct group_moments {
-    buffer<float> mv;  // [2 n]: m, then v
+    state_store mv;  // [2 n]: m, then v
     std::size_t n = 0;
     bool allocated = false;
   };

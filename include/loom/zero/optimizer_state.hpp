@@ -9,7 +9,8 @@
 //   nvme  a file under offload_optimizer.nvme_path, memory-mapped: the OS pages it in and
 //         out, so optimizer state larger than RAM still trains. The file is created on
 //         construction and removed on destruction (also after an exception).
-// Whatever the place, the optimizer sees three float spans [n]: master, exp_avg, exp_avg_sq.
+// Whatever the place, the optimizer sees three float spans [n]: master, exp_avg, exp_avg_sq
+// (state_store: n floats in one of the places).
 
 #include <loom/core/buffer.hpp>
 #include <loom/core/error.hpp>
@@ -22,6 +23,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -38,16 +40,17 @@ inline offload_device parse_offload_device(std::string_view s) {
   LOOM_THROW("offload_optimizer.device='", s, "' is not supported (expected none, cpu or nvme)");
 }
 
-class optimizer_state {
+/// `n` floats in one of the three places: the rank's (device) memory resource, a host memory
+/// resource, or a memory-mapped file of its own under `nvme_path` (created here, sized once,
+/// removed on destruction, also after an exception; a fresh file reads zeros, as fresh memory
+/// does after the caller zeroes it). The optimizer state below is one; the engine's per-group
+/// Adam moments, allocated when a group first trains, are one each.
+class state_store {
  public:
-  /// n elements per tensor. `device` is charged for `none`, `host` for `cpu`; `nvme_path`
-  /// is a directory for `nvme` (tag makes the file name unique, e.g. the rank). moments
-  /// false: the master only (a driver that keeps the moments elsewhere, e.g. per optimizer
-  /// group allocated when the group first trains; not with nvme).
-  optimizer_state(std::size_t n, offload_device where, memory_resource& device, memory_resource& host,
-                  const std::string& nvme_path = {}, int tag = 0, bool moments = true)
-      : n_(n), where_(where), moments_(moments) {
-    LOOM_CHECK(moments || where != offload_device::nvme, "zero::optimizer_state: a master without moments is not kept on nvme");
+  state_store() = default;
+  state_store(std::size_t n, offload_device where, memory_resource& device, memory_resource& host,
+              const std::string& nvme_path = {}, int tag = 0)
+      : n_(n), where_(where) {
     if (where == offload_device::nvme) {
       LOOM_CHECK(!nvme_path.empty(), "offload_optimizer.nvme_path must name a directory when device=nvme");
       static std::atomic<unsigned> counter{0};
@@ -56,7 +59,7 @@ class optimizer_state {
       fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
       LOOM_CHECK(fd_ >= 0, "offload_optimizer.nvme_path='", nvme_path, "': cannot create ", path_, ": ",
                  std::strerror(errno));
-      const std::size_t bytes = 3 * n * sizeof(float);
+      const std::size_t bytes = n * sizeof(float);
       if (bytes > 0) {
         if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) {
           const int e = errno;
@@ -73,28 +76,34 @@ class optimizer_state {
       }
       base_ = map_;
     } else {
-      mem_ = buffer<float>((moments ? 3 : 1) * n, where == offload_device::cpu ? host : device);
+      mem_ = buffer<float>(n, where == offload_device::cpu ? host : device);
       base_ = mem_.data();
     }
   }
-  optimizer_state(const optimizer_state&) = delete;
-  optimizer_state& operator=(const optimizer_state&) = delete;
-  ~optimizer_state() { cleanup(); }
+  state_store(state_store&& o) noexcept { swap(o); }
+  state_store& operator=(state_store&& o) noexcept {
+    state_store t(std::move(o));
+    swap(t);
+    return *this;
+  }
+  state_store(const state_store&) = delete;
+  state_store& operator=(const state_store&) = delete;
+  ~state_store() { cleanup(); }
 
   std::size_t size() const noexcept { return n_; }
+  std::size_t bytes() const noexcept { return n_ * sizeof(float); }
   offload_device where() const noexcept { return where_; }
   /// The backing file (nvme only).
   const std::string& path() const noexcept { return path_; }
-  bool has_moments() const noexcept { return moments_; }
-  /// Bytes held: master (+ moments).
-  std::size_t bytes() const noexcept { return (moments_ ? 3 : 1) * n_ * sizeof(float); }
-  std::span<float> master() noexcept { return {base_, n_}; }
-  std::span<float> exp_avg() noexcept { return {base_ + n_, moments_ ? n_ : 0}; }
-  std::span<float> exp_avg_sq() noexcept { return {base_ + 2 * n_, moments_ ? n_ : 0}; }
+  std::span<float> span() noexcept { return {base_, n_}; }
 
  private:
+  void swap(state_store& o) noexcept {
+    std::swap(n_, o.n_), std::swap(where_, o.where_), std::swap(mem_, o.mem_), std::swap(map_, o.map_);
+    std::swap(base_, o.base_), std::swap(fd_, o.fd_), std::swap(path_, o.path_);
+  }
   void cleanup() noexcept {
-    if (map_) ::munmap(map_, 3 * n_ * sizeof(float));
+    if (map_) ::munmap(map_, n_ * sizeof(float));
     map_ = nullptr;
     if (fd_ >= 0) {
       ::close(fd_);
@@ -102,14 +111,40 @@ class optimizer_state {
     }
     fd_ = -1;
   }
-  std::size_t n_;
-  offload_device where_;
-  bool moments_ = true;
+  std::size_t n_ = 0;
+  offload_device where_ = offload_device::none;
   buffer<float> mem_;
   float* map_ = nullptr;
   float* base_ = nullptr;
   int fd_ = -1;
   std::string path_;
+};
+
+class optimizer_state {
+ public:
+  /// n elements per tensor. `device` is charged for `none`, `host` for `cpu`; `nvme_path`
+  /// is a directory for `nvme` (tag makes the file name unique, e.g. the rank). moments
+  /// false: the master only (a driver that keeps the moments elsewhere, e.g. per optimizer
+  /// group in state_stores of their own, allocated when the group first trains).
+  optimizer_state(std::size_t n, offload_device where, memory_resource& device, memory_resource& host,
+                  const std::string& nvme_path = {}, int tag = 0, bool moments = true)
+      : n_(n), moments_(moments), store_((moments ? 3 : 1) * n, where, device, host, nvme_path, tag) {}
+
+  std::size_t size() const noexcept { return n_; }
+  offload_device where() const noexcept { return store_.where(); }
+  /// The backing file (nvme only).
+  const std::string& path() const noexcept { return store_.path(); }
+  bool has_moments() const noexcept { return moments_; }
+  /// Bytes held: master (+ moments).
+  std::size_t bytes() const noexcept { return store_.bytes(); }
+  std::span<float> master() noexcept { return store_.span().subspan(0, n_); }
+  std::span<float> exp_avg() noexcept { return moments_ ? store_.span().subspan(n_, n_) : std::span<float>{}; }
+  std::span<float> exp_avg_sq() noexcept { return moments_ ? store_.span().subspan(2 * n_, n_) : std::span<float>{}; }
+
+ private:
+  std::size_t n_;
+  bool moments_ = true;
+  state_store store_;
 };
 
 }  // namespace loom::zero
