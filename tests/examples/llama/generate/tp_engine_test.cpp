@@ -234,9 +234,11 @@ TEST_CASE("pp 2 and tp 2 x pp 2 paged-KV engine: ChatGLM equals one rank") {
 
 // Micro-batches do not change any row's result: one, three and many micro-batches over pp 2
 // (and three stages over an uneven split of three layers) give one rank's tokens and logits.
-TEST_CASE("pipeline micro-batches: every count gives one rank's tokens and logits bit for bit; uneven stages") {
+// Tied output: the last stage projects with its copy of the first stage's embedding.
+TEST_CASE("pipeline micro-batches: every count gives one rank's tokens and logits bit for bit; uneven stages; tied output") {
   llama::config c = tp_llama();
   c.n_layers = 3;
+  c.tied_output = true;
   const llama::flat_weights w = llama::flat_weights::random(c, 8);
   const auto reqs = llama_generate_test::make_requests(c, 12);
   const rank_result want = run_one_rank(w, reqs);
