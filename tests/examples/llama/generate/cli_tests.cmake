@@ -64,6 +64,15 @@ set_tests_properties(llama_generate_cli_memory_refused PROPERTIES
 add_test(NAME llama_generate_cli_memory_fits COMMAND llama-generate --random --tp 4 --max-memory-per-rank 2M --max-new 4)
 set_tests_properties(llama_generate_cli_memory_fits PROPERTIES
                      PASS_REGULAR_EXPRESSION "the smallest tp that fits is 4.*1 prompts, 4 tokens generated" TIMEOUT 30)
+# Pipeline stages halve what each rank holds of this two-layer model: 4M is refused at --tp 1
+# alone and fits at --pp 2 (the plan printed is the larger stage's).
+add_test(NAME llama_generate_cli_memory_pp COMMAND llama-generate --random --pp 2 --max-memory-per-rank 4M --max-new 4)
+set_tests_properties(llama_generate_cli_memory_pp PROPERTIES
+                     PASS_REGULAR_EXPRESSION "memory per rank at --tp 1 --pp 2: .*the smallest tp that fits is 1.*1 prompts, 4 tokens generated" TIMEOUT 30)
+add_test(NAME llama_generate_cli_memory_pp1 COMMAND llama-generate --random --max-memory-per-rank 4M)
+set_tests_properties(llama_generate_cli_memory_pp1 PROPERTIES
+                     PASS_REGULAR_EXPRESSION "does not fit --max-memory-per-rank 4194304 bytes at --tp 1: "
+                     FAIL_REGULAR_EXPRESSION "generated" TIMEOUT 30)
 add_test(NAME llama_generate_cli_memory_bad COMMAND llama-generate --random --max-memory-per-rank 12Q)
 set_tests_properties(llama_generate_cli_memory_bad PROPERTIES
                      PASS_REGULAR_EXPRESSION "flag --max-memory-per-rank needs a positive number of bytes \\(e.g. 1048576, 512M, 2G\\), got '12Q'"
