@@ -9,6 +9,7 @@
 #include "serve_client.hpp"
 #include "serve_model.hpp"
 
+#include <loom/comm/mesh.hpp>
 #include <loom/comm/thread_comm.hpp>
 
 #include <nlohmann/json.hpp>
@@ -304,6 +305,52 @@ TEST_CASE("llama-serve over tp 2 thread ranks: the engine alone's text, whole an
   CHECK(cancelled == 1);
   CHECK(idle_after_cancel);               // nothing generates for the client that left
   CHECK(follower_steps == leader_steps);  // the follower ran every plan, and returned at stop
+}
+
+// The server over a pipeline (llama-serve --pp 2 --tp 2): the same text as the engine alone,
+// whole and streamed, with two requests in one batch (two micro-batches per step); every
+// rank of the mesh ran every plan and returned at stop.
+TEST_CASE("llama-serve over a tp 2 x pp 2 mesh of thread ranks: the engine alone's text, whole and streamed") {
+  llama::config c = serve_test::small_model();
+  c.vocab = 260;  // tp 2 divides it
+  const flat_weights w = flat_weights::random(c, 3);
+  using mesh_engine = llama_engine<float, loom::comm::thread_comm>;
+  loom::kv::sampling_params greedy;
+  greedy.temperature = 0.f;
+  const std::string want = json_text(oracle(w, "Once upon", 16, greedy));
+  std::string whole, stream_body, finish;
+  std::vector<std::int64_t> steps(4, -1);
+  loom::comm::run_ranks(4, [&](loom::comm::thread_comm& comm) {
+    loom::comm::mesh<loom::comm::thread_comm> mesh(comm, {1, 2, 2});
+    if (comm.rank() != 0) {
+      mesh_engine eng(w, mesh, server_engine());
+      eng.follow();
+      steps[static_cast<std::size_t>(comm.rank())] = eng.steps();
+      return;
+    }
+    http_server<mesh_engine> server(text_codec{}, server_options{}, w, mesh, server_engine());
+    const int port = server.start("127.0.0.1", 0);
+    json req = {{"prompt", "Once upon"}, {"max_tokens", 16}, {"temperature", 0}};
+    std::thread other([&] {  // a second request beside it: a step of two sequences
+      httplib::Client cl("127.0.0.1", port);
+      cl.set_read_timeout(std::chrono::seconds(60));
+      json r2 = req;
+      r2["stream"] = true;
+      if (auto res = cl.Post("/v1/completions", r2.dump(), "application/json"); res && res->status == 200) stream_body = res->body;
+    });
+    httplib::Client cl("127.0.0.1", port);
+    cl.set_read_timeout(std::chrono::seconds(60));
+    if (auto res = cl.Post("/v1/completions", req.dump(), "application/json"); res && res->status == 200)
+      whole = json::parse(res->body)["choices"][0]["text"].get<std::string>();
+    other.join();
+    server.stop();
+    steps[0] = server.engine().steps();
+    server.engine().stop_followers();
+  });
+  CHECK(whole == want);
+  REQUIRE_FALSE(stream_body.empty());
+  CHECK(json_text(read_sse(stream_body, false, &finish)) == want);
+  for (std::size_t r = 1; r < steps.size(); ++r) CHECK(steps[r] == steps[0]);
 }
 
 TEST_CASE("llama-serve over tp 2: a failed rank fails the request and reports the failure, no hang") {

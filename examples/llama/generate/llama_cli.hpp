@@ -1,8 +1,9 @@
 #pragma once
 // Command-line options shared by llama-generate and llama-serve: where the model comes from
 // (a checkpoint, or random weights to try the programs without files), its tokenizer, the
-// KV pool / scheduler sizes, and the tensor-parallel ranks (--tp: thread ranks of this
-// process) with the memory each may hold (--max-memory-per-rank), checked before loading.
+// KV pool / scheduler sizes, and the ranks (--tp tensor-parallel x --pp pipeline stages: thread
+// ranks of this process) with the memory each may hold (--max-memory-per-rank), checked
+// before loading.
 
 #include "llama_engine.hpp"
 #include "llama_loader.hpp"
@@ -50,6 +51,7 @@ struct model_args {
   std::string checkpoint, tokenizer;
   bool random = false;
   int tp = 1;                            ///< --tp: tensor-parallel thread ranks
+  int pp = 1;                            ///< --pp: pipeline stages (tp ranks each)
   std::size_t max_memory_per_rank = 0;  ///< --max-memory-per-rank; 0: no limit
 
   /// Consumes option `a` if it is one of ours (`next()` yields its value); false otherwise.
@@ -61,6 +63,11 @@ struct model_args {
     else if (a == "--block-size") ec.block_size = examples::cli::number<int>(a, next());
     else if (a == "--budget") ec.scheduler.max_num_batched_tokens = examples::cli::number<int>(a, next());
     else if (a == "--tp") tp = examples::cli::number<int>(a, next());
+    else if (a == "--pp") pp = examples::cli::number<int>(a, next());
+    else if (a == "--micro-batches") {
+      ec.micro_batches = examples::cli::number<int>(a, next());
+      LOOM_CHECK(ec.micro_batches >= 1, "flag --micro-batches must be >= 1, got ", ec.micro_batches);
+    }
     else if (a == "--max-memory-per-rank") max_memory_per_rank = byte_size(a, next());
     else return false;
     return true;
@@ -68,7 +75,11 @@ struct model_args {
   void validate() const {
     LOOM_CHECK(random != !checkpoint.empty(), "give exactly one of --checkpoint PATH and --random");
     LOOM_CHECK(tp >= 1 && tp <= 1024, "flag --tp must be in [1, 1024], got ", tp);
+    LOOM_CHECK(pp >= 1 && pp <= 1024, "flag --pp must be in [1, 1024], got ", pp);
+    LOOM_CHECK(tp * pp <= 1024, "flags --tp ", tp, " --pp ", pp, " make ", tp * pp, " ranks, more than 1024");
   }
+  /// "--tp N", and " --pp P" when there are pipeline stages.
+  std::string ranks() const { return "--tp " + std::to_string(tp) + (pp > 1 ? " --pp " + std::to_string(pp) : ""); }
   /// The model's config before any tensor is read: `random_config`, or the checkpoint's
   /// (checkpoint_config: config.json and the shards' headers, or a llama2.c header).
   config config_before_loading(const config& random_config) const {
@@ -78,28 +89,32 @@ struct model_args {
   flat_weights load(const config& random_config) const {
     return random ? flat_weights::random(random_config, 1) : load_checkpoint(checkpoint);
   }
-  /// Prints what each of --tp ranks will hold (weights, KV pool, workspace) and, with
-  /// --max-memory-per-rank, the smallest tp that fits it; refuses (loom::error with the
-  /// figures) a model that does not fit, or a split --tp cannot make (naming --tp).
+  /// Prints what each of the --tp x --pp ranks will hold (weights, KV pool, workspace: the
+  /// stage that needs the most) and, with --max-memory-per-rank, the smallest tp that fits it
+  /// at that pp; refuses (loom::error with the figures) a model that does not fit, or a split
+  /// --tp or --pp cannot make (naming the flag).
   template <class Engine>
   rank_memory plan_memory(const char* program, const config& c, const engine_config& ec) const {
-    rank_memory m;
-    try {
-      m = Engine::memory_plan(c, ec, tp);
-    } catch (const loom::error& e) {
-      throw loom::error("flag --tp " + std::to_string(tp) + " cannot split this model: " + e.what());
-    }
-    std::printf("%s: memory per rank at --tp %d: weights %zu + KV pool %zu + workspace %zu = %zu bytes (%s)\n", program, tp,
-                m.weights, m.kv, m.workspace, m.total(), mib(m.total()).c_str());
+    const auto plan = [&](const std::string& flag, int n, int stages) {
+      try {
+        return Engine::memory_plan(c, ec, tp, stages);
+      } catch (const loom::error& e) {
+        throw loom::error("flag " + flag + " " + std::to_string(n) + " cannot split this model: " + e.what());
+      }
+    };
+    plan("--tp", tp, 1);
+    const rank_memory m = plan("--pp", pp, pp);
+    std::printf("%s: memory per rank at %s: weights %zu + KV pool %zu + workspace %zu = %zu bytes (%s)\n", program,
+                ranks().c_str(), m.weights, m.kv, m.workspace, m.total(), mib(m.total()).c_str());
     if (max_memory_per_rank == 0) return m;
-    const int fits = Engine::smallest_tp(c, ec, max_memory_per_rank);
+    const int fits = Engine::smallest_tp(c, ec, max_memory_per_rank, pp);
     const std::string smallest = fits ? "the smallest tp that fits is " + std::to_string(fits)
                                       : "no tp up to n_heads=" + std::to_string(c.n_heads) + " fits";
     std::printf("%s: --max-memory-per-rank %zu bytes (%s): %s\n", program, max_memory_per_rank, mib(max_memory_per_rank).c_str(),
                 smallest.c_str());
     std::fflush(stdout);
     LOOM_CHECK(m.total() <= max_memory_per_rank, "the model does not fit --max-memory-per-rank ", max_memory_per_rank,
-               " bytes at --tp ", tp, ": each rank needs ", m.total(), " bytes (weights ", m.weights, " + KV pool ", m.kv,
+               " bytes at ", ranks(), ": each rank needs ", m.total(), " bytes (weights ", m.weights, " + KV pool ", m.kv,
                " + workspace ", m.workspace, "); ", smallest);
     return m;
   }

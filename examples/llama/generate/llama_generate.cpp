@@ -1,6 +1,7 @@
 // llama-generate: paged-KV generation for a batch of prompts from a llama2.c or HF safetensors
-// checkpoint (or a random model, for trying the engine without files), on --tp thread ranks:
-// rank 0 schedules, samples and prints; the others run its plans (llama_engine's follow()).
+// checkpoint (or a random model, for trying the engine without files), on --tp x --pp thread
+// ranks (tensor groups of --tp in --pp pipeline stages): rank 0 schedules, samples and prints;
+// the others run its plans (llama_engine's follow()).
 #include "llama_cli.hpp"
 
 #include <tokenizer_file.hpp>
@@ -21,13 +22,15 @@ const char* usage =
     "usage: llama-generate (--checkpoint PATH | --random) [--tokenizer tokenizer.bin|tokenizer.model] [--prompt TEXT]...\n"
     "                      [--prompt-file FILE] [--max-new N] [--temperature T] [--top-k K] [--top-p P]\n"
     "                      [--repetition-penalty R] [--seed S] [--blocks N] [--block-size N] [--budget N]\n"
-    "                      [--tp N] [--max-memory-per-rank BYTES]\n"
+    "                      [--tp N] [--pp N] [--micro-batches M] [--max-memory-per-rank BYTES]\n"
     "  PATH: a llama2.c .bin (legacy or version 1), a .safetensors file, or an HF folder (config.json +\n"
     "  *.safetensors). --tokenizer: llama2.c's tokenizer.bin, or a SentencePiece tokenizer.model (LLaMA's); a prompt\n"
     "  is then bos + its ids and generation stops on the tokenizer's eos. Without it, a prompt is a list of token\n"
     "  ids (\"1 345 22\").\n"
     "  --prompt-file: one prompt per line. All prompts run together in one continuous batch.\n"
     "  --tp N: split the model over N tensor-parallel thread ranks (N must divide heads, kv-heads, hidden, vocab).\n"
+    "  --pp N: and its layers over N pipeline stages of --tp ranks each (N <= layers); each step's sequences flow\n"
+    "  through the stages as --micro-batches M micro-batches (default: N).\n"
     "  --max-memory-per-rank BYTES (e.g. 512M, 2G): refuse, before loading, a model whose rank would need more\n"
     "  (weights + KV pool + workspace, printed at start-up with the smallest tp that fits).\n";
 
@@ -107,13 +110,14 @@ int main(int argc, char** argv) {
       if (tok) r.stop_tokens = {tok->eos_id()};
       reqs.push_back(std::move(r));
     }
-    llama::run_tensor_ranks(model.tp, [&](loom::comm::thread_comm& comm, const std::atomic<bool>&) {
+    llama::run_tensor_ranks(model.tp * model.pp, [&](loom::comm::thread_comm& comm, const std::atomic<bool>&) {
       loom::host_memory_resource weights("rank " + std::to_string(comm.rank()) + " weights");
-      engine eng(*w, comm, ec, weights);
+      loom::comm::mesh<loom::comm::thread_comm> mesh(comm, {1, model.tp, model.pp});
+      engine eng(*w, mesh, ec, weights);
       comm.barrier();  // every rank has its slice: the whole model can go
       if (comm.rank() != 0) return eng.follow();
       w.reset();
-      std::printf("rank 0 of %d holds weights %zu + KV pool %zu + workspace %zu bytes\n", model.tp, weights.current_bytes(),
+      std::printf("rank 0 of %d holds weights %zu + KV pool %zu + workspace %zu bytes\n", comm.size(), weights.current_bytes(),
                   eng.kv_bytes(), eng.workspace_bytes());
       const auto t0 = std::chrono::steady_clock::now();
       auto out = eng.generate(reqs);
@@ -133,9 +137,9 @@ int main(int argc, char** argv) {
           std::printf("\n");
         }
       }
-      std::printf("%zu prompts, %zu tokens generated in %.3f s (%.1f tokens/s), %lld engine steps, KV pool %.1f MiB per rank, tp %d\n",
+      std::printf("%zu prompts, %zu tokens generated in %.3f s (%.1f tokens/s), %lld engine steps, KV pool %.1f MiB per rank, tp %d, pp %d\n",
                   prompts.size(), generated, s, generated / s, static_cast<long long>(eng.steps()), eng.kv_bytes() / 1048576.0,
-                  model.tp);
+                  model.tp, model.pp);
     });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llama-generate: %s\n", e.what());

@@ -1,7 +1,8 @@
 // llama-serve: HTTP server (ChatGLM api.py protocol + OpenAI-compatible completions and chat
 // completions with SSE streaming) over the paged-KV LLaMA engine. Ctrl-C stops it.
-// With --tp N the model is split over N thread ranks: rank 0 (the main thread) runs the
-// server, whose engine leads; ranks 1..N-1 run its plans (follow()) until it stops. A failed
+// With --tp N (and --pp P) the model is split over N x P thread ranks (tensor groups of N in P
+// pipeline stages): rank 0 (the main thread) runs the server, whose engine leads; the other
+// ranks run its plans (follow()) until it stops. A failed
 // rank ends the program with its error (the group's collectives throw, the server reports
 // its engine broken), never a hang.
 #include "llama_cli.hpp"
@@ -35,7 +36,7 @@ const char* usage =
     "                   [--blocks N] [--block-size N] [--budget N] [--max-seqs N] [--model-name NAME]\n"
     "                   [--api-key KEY] [--max-body-bytes N] [--max-tokens N] [--max-concurrent N]\n"
     "                   [--request-timeout S] [--read-timeout S] [--http-threads N] [--lora [NAME=]DIR ...]\n"
-    "                   [--tp N] [--max-memory-per-rank BYTES]\n"
+    "                   [--tp N] [--pp N] [--micro-batches M] [--max-memory-per-rank BYTES]\n"
     "  POST /                       ChatGLM api.py: {prompt, history, max_length, top_p, temperature}\n"
     "  POST /v1/completions         OpenAI completions (\"stream\": true for server-sent events)\n"
     "  POST /v1/chat/completions    OpenAI chat completions (\"stream\": true for server-sent events)\n"
@@ -58,6 +59,8 @@ const char* usage =
     "                         different requests share one batch\n"
     "  --tp N                 split the model over N tensor-parallel thread ranks (N divides heads, kv-heads,\n"
     "                         hidden, vocab); requests, streaming and cancellation are as on one rank\n"
+    "  --pp N                 and its layers over N pipeline stages of --tp ranks each (N <= layers)\n"
+    "  --micro-batches M      a step's sequences flow through the stages as M micro-batches (default: --pp)\n"
     "  --max-memory-per-rank BYTES  refuse, before loading, a model whose rank needs more (e.g. 512M, 2G; the\n"
     "                         figures and the smallest tp that fits are printed at start-up)\n";
 
@@ -120,8 +123,8 @@ int main(int argc, char** argv) {
     if (!threads_given) opt.http.threads = std::max(opt.http.threads, 2 * opt.max_in_flight);
     LOOM_CHECK(opt.http.threads > opt.max_in_flight, "flag --http-threads (", opt.http.threads,
                ") must exceed --max-concurrent (", opt.max_in_flight, "): threads must be left to read and refuse requests");
-    LOOM_CHECK(loras.empty() || model.tp == 1, "flag --lora needs --tp 1 (adapters over a split model are not supported yet), got --tp ",
-               model.tp);
+    LOOM_CHECK(loras.empty() || model.tp * model.pp == 1,
+               "flag --lora needs --tp 1 --pp 1 (adapters over a split model are not supported yet), got ", model.ranks());
     for (std::size_t i = 0; i < loras.size(); ++i) {
       LOOM_CHECK(loras[i].first != opt.model_name, "flag --lora: adapter name '", loras[i].first,
                  "' is the base model's name (--model-name)");
@@ -161,20 +164,21 @@ int main(int argc, char** argv) {
       std::printf("llama-serve: LoRA adapter '%s' from %s (r=%d, lora_alpha=%g%s, %s)\n", name.c_str(), dir.c_str(),
                   static_cast<int>(lc.r), lc.lora_alpha, lc.use_rslora ? ", rsLoRA" : "", targets.c_str());
     }
-    llama::run_tensor_ranks(model.tp, [&](loom::comm::thread_comm& comm, const std::atomic<bool>& peer_failed) {
+    llama::run_tensor_ranks(model.tp * model.pp, [&](loom::comm::thread_comm& comm, const std::atomic<bool>& peer_failed) {
       loom::host_memory_resource weights("rank " + std::to_string(comm.rank()) + " weights");
+      loom::comm::mesh<loom::comm::thread_comm> mesh(comm, {1, model.tp, model.pp});
       if (comm.rank() != 0) {
-        engine eng(*w, comm, ec, weights);
+        engine eng(*w, mesh, ec, weights);
         comm.barrier();  // every rank has its slice: rank 0 lets the whole model go
         return eng.follow();
       }
-      loom::serve::http_server<engine> server(codec, opt, *w, comm, ec, weights, std::move(adapters));
+      loom::serve::http_server<engine> server(codec, opt, *w, mesh, ec, weights, std::move(adapters));
       comm.barrier();
       w.reset();
       const int p = server.start(host, port);
-      std::printf("llama-serve: listening on http://%s:%d (model dim=%d layers=%d vocab=%d, KV pool %d blocks of %d, tp %d)\n",
+      std::printf("llama-serve: listening on http://%s:%d (model dim=%d layers=%d vocab=%d, KV pool %d blocks of %d, tp %d, pp %d)\n",
                   host.c_str(), p, static_cast<int>(cfg.dim), static_cast<int>(cfg.n_layers), static_cast<int>(cfg.vocab),
-                  ec.num_blocks, ec.block_size, model.tp);
+                  ec.num_blocks, ec.block_size, model.tp, model.pp);
       std::printf("llama-serve: chat template %s (%s); answers stop on token ids", loom::serve::template_name(chat.templ).c_str(),
                   chat.why.c_str());
       for (const auto id : codec.stop_tokens()) std::printf(" %d", static_cast<int>(id));

@@ -12,13 +12,14 @@
 // single-threaded; a server drives it from one thread (loom/serve/http_server.hpp).
 //
 // A model split over ranks (tensor parallel: each rank holds a slice of the weights and its
-// key/value heads of the pool) says so with group(), the communicator over its ranks. Every
+// key/value heads of the pool; pipeline stages: each holds its layers and their blocks of the
+// pool) says so with group(), the communicator over all its ranks. Every
 // rank then builds the same engine (the same pool, so block ids mean the same everywhere);
 // rank 0 of the group takes the requests, schedules, samples and broadcasts each step's
 // plan (plan_broadcast.hpp) before running it, and the other ranks call follow(), which runs
 // the plans it receives until rank 0 calls stop_followers(). Sampling needs the full logit
-// rows on rank 0 only, but the model gives them on every rank (its collectives are the
-// same on all of them).
+// rows on rank 0 only; the model must put them there (a tensor group gives them to every
+// rank, a pipeline sends them from its last stage).
 //
 // A failed step of a group (a collective that threw: a peer failed, or timed out) leaves the
 // ranks in unknown states, so the engine is broken() afterwards and refuses further steps; a
@@ -51,6 +52,9 @@ struct engine_config {
   std::int32_t num_blocks = 256;  ///< KV pool size in blocks (all layers)
   std::int32_t block_size = 16;
   scheduler_config scheduler;  ///< max_model_len is capped at the model's context
+  /// A model split into pipeline stages runs each step's sequences as this many
+  /// micro-batches (0: one per stage); the model reads it, the engine does not.
+  std::int32_t micro_batches = 0;
 };
 
 /// What the engine runs.

@@ -36,3 +36,9 @@ set_tests_properties(llama_serve_cli_memory_refused PROPERTIES
                      FAIL_REGULAR_EXPRESSION "listening" TIMEOUT 30)
 add_test(NAME llama_serve_cli_lora_tp COMMAND llama-serve --random --tp 2 --lora sql=/nonexistent/sql-lora --port 1)
 set_tests_properties(llama_serve_cli_lora_tp PROPERTIES PASS_REGULAR_EXPRESSION "flag --lora needs --tp 1 .*got --tp 2" TIMEOUT 30)
+# --pp: more stages than the model's layers (2) is named; adapters need --tp 1 --pp 1.
+add_test(NAME llama_serve_cli_pp_split COMMAND llama-serve --random --pp 3 --port 1)
+set_tests_properties(llama_serve_cli_pp_split PROPERTIES
+                     PASS_REGULAR_EXPRESSION "flag --pp 3 cannot split this model: .*n_layers \\(2\\) must be >= pp \\(3\\)" TIMEOUT 30)
+add_test(NAME llama_serve_cli_lora_pp COMMAND llama-serve --random --pp 2 --lora sql=/nonexistent/sql-lora --port 1)
+set_tests_properties(llama_serve_cli_lora_pp PROPERTIES PASS_REGULAR_EXPRESSION "flag --lora needs --tp 1 --pp 1 .*got --tp 1 --pp 2" TIMEOUT 30)
