@@ -99,11 +99,19 @@ class llama_paged {
                ") are not supported yet; serve them at tp=1");
     LOOM_CHECK(full.params.size() == full.layout.size(), "llama_engine: the weights hold ", full.params.size(),
                " parameters, the layout of their config ", full.layout.size());
-    slice_ = loom::buffer<float>(layers_.layout.size(), mr);
-    std::fill(slice_.begin(), slice_.end(), 0.f);  // the layout's alignment padding
-    loom::nn::tp::load_shards(layers_.shards, full.params.span(), slice_.span(),
-                              [&](const std::string& name) { return full.layout.find(name).offset; });
-    use(slice_.span(), mr);
+    take_slice(
+        [&](const loom::nn::tp::shard_list& shards, std::span<float> slice) {
+          loom::nn::tp::load_shards(shards, full.params.span(), slice, [&](const std::string& name) { return full.layout.find(name).offset; });
+        },
+        mr);
+  }
+  /// Rank tp.rank() of a tensor group of config c, from `fill`, which writes this rank's slice
+  /// (its layers' shards into a buffer from `mr`) — slice_from(checkpoint_reader) reads just
+  /// those bytes of the files, so that no rank ever holds the whole model. Refuses a split as
+  /// the constructor above does.
+  llama_paged(const llama::config& c, C& tp, const slice_source& fill, loom::memory_resource& mr = loom::default_resource<loom::host>())
+      : llama_paged(checked_split(c, tp.size()), tp, std::vector<served_adapter>{}) {
+    take_slice(fill, mr);
   }
   llama_paged(const llama_paged&) = delete;  // holds a pointer to its own communicator at tp = 1
   llama_paged& operator=(const llama_paged&) = delete;
@@ -257,6 +265,13 @@ class llama_paged {
       : cfg_((c.validate(), c)), tp_(&tp),
         layers_(c, loom::nn::tp::tp_rank::of(tp), llama3d::split_layers(c.n_layers, 1, 0), true, true),
         adapters_(std::move(adapters)) {}
+  // This rank's slice into memory from `mr` (the padding zero), written by `fill`, then used.
+  void take_slice(const slice_source& fill, loom::memory_resource& mr) {
+    slice_ = loom::buffer<float>(layers_.layout.size(), mr);
+    std::fill(slice_.begin(), slice_.end(), 0.f);  // the layout's alignment padding
+    fill(layers_.shards, slice_.span());
+    use(slice_.span(), mr);
+  }
   // The layers read `params` (in their layout); the projections are packed from it into `mr`.
   void use(std::span<const float> params, loom::memory_resource& mr) {
     LOOM_CHECK(params.size() == layers_.layout.size(), "llama_engine: the weights hold ", params.size(),
@@ -345,6 +360,11 @@ class llama_engine : public loom::kv::engine<llama_paged<C>, KV> {
   llama_engine(const flat_weights& full, C& tp, engine_config cfg, loom::memory_resource& mr = loom::default_resource<loom::host>(),
                std::vector<served_adapter> adapters = {})
       : loom::kv::engine<llama_paged<C>, KV>(cfg, full, tp, mr, std::move(adapters)) {}
+  /// Rank tp.rank() of a tensor-parallel engine of config c whose slice `fill` writes (e.g.
+  /// slice_from(checkpoint_reader(path)): each rank reads only its bytes of the files).
+  llama_engine(const llama::config& c, C& tp, const slice_source& fill, engine_config cfg,
+               loom::memory_resource& mr = loom::default_resource<loom::host>())
+      : loom::kv::engine<llama_paged<C>, KV>(cfg, c, tp, fill, mr) {}
   /// What each rank of a group of tp holds for config c under engine config ec, computed
   /// before any weight is read (memory_plan(...).total() against a rank's memory decides
   /// whether a model fits). Refuses a split tp cannot make, as the constructor does.
