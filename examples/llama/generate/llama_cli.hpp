@@ -2,20 +2,31 @@
 // Command-line options shared by llama-generate and llama-serve: where the model comes from
 // (a checkpoint, or random weights to try the programs without files), its tokenizer, the
 // KV pool / scheduler sizes, and the tensor-parallel ranks (--tp: thread ranks of this
-// process) with the memory each may hold (--max-memory-per-rank), checked before loading.
+// process, or the processes of mpirun) with the memory each may hold
+// (--max-memory-per-rank), checked before loading.
+//
+// Each rank makes its engine from the checkpoint's files itself (checkpoint_reader: only the
+// bytes of its slice are read), so that no process ever holds the whole model; random
+// weights are made whole on every process and cut (they exist to try the programs).
 
 #include "llama_engine.hpp"
 #include "llama_loader.hpp"
 
 #include <common/cli.hpp>
+#include <common/mpi_launch.hpp>
 
+#include <loom/comm/fail_fast.hpp>
 #include <loom/comm/thread_comm.hpp>
+#ifdef LOOM_HAS_MPI
+#include <loom/comm/mpi_comm.hpp>
+#endif
 
 #include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace llama {
@@ -49,7 +60,8 @@ inline std::string mib(std::size_t bytes) {
 struct model_args {
   std::string checkpoint, tokenizer;
   bool random = false;
-  int tp = 1;                            ///< --tp: tensor-parallel thread ranks
+  int tp = 1;                            ///< --tp: tensor-parallel ranks (threads; under mpirun, its processes)
+  bool tp_given = false;
   std::size_t max_memory_per_rank = 0;  ///< --max-memory-per-rank; 0: no limit
 
   /// Consumes option `a` if it is one of ours (`next()` yields its value); false otherwise.
@@ -60,7 +72,7 @@ struct model_args {
     else if (a == "--blocks") ec.num_blocks = examples::cli::number<int>(a, next());
     else if (a == "--block-size") ec.block_size = examples::cli::number<int>(a, next());
     else if (a == "--budget") ec.scheduler.max_num_batched_tokens = examples::cli::number<int>(a, next());
-    else if (a == "--tp") tp = examples::cli::number<int>(a, next());
+    else if (a == "--tp") tp = examples::cli::number<int>(a, next()), tp_given = true;
     else if (a == "--max-memory-per-rank") max_memory_per_rank = byte_size(a, next());
     else return false;
     return true;
@@ -68,6 +80,27 @@ struct model_args {
   void validate() const {
     LOOM_CHECK(random != !checkpoint.empty(), "give exactly one of --checkpoint PATH and --random");
     LOOM_CHECK(tp >= 1 && tp <= 1024, "flag --tp must be in [1, 1024], got ", tp);
+  }
+  /// Under mpirun with more than one process the tensor group is its world: --tp defaults to
+  /// the world's size and must equal it when given (a loom::error names both). Call before
+  /// plan_memory.
+  void use_mpi_world() {
+    const int world = examples::mpi_launch_size();
+    if (world <= 1) return;
+    LOOM_CHECK(!tp_given || tp == world, "flag --tp ", tp, " but mpirun started ", world,
+               " processes: under mpirun the tensor group is the MPI world (give --tp ", world, " or mpirun -np ", tp, ")");
+#ifndef LOOM_HAS_MPI
+    LOOM_THROW("started by mpirun with ", world, " processes, but this build has no MPI communicator (LOOM_ENABLE_MPI)");
+#endif
+    tp = world;
+  }
+  /// The slice of rank comm's model: read from the checkpoint's files (only its bytes), or
+  /// cut from `random` (the whole random model, made by the caller with load()).
+  /// `reader` holds the open checkpoint while the engine is made.
+  slice_source slice(std::optional<checkpoint_reader>& reader, const flat_weights* random) const {
+    if (random) return slice_from(*random);
+    reader.emplace(checkpoint);
+    return slice_from(*reader);
   }
   /// The model's config before any tensor is read: `random_config`, or the checkpoint's
   /// (checkpoint_config: config.json and the shards' headers, or a llama2.c header).
@@ -121,6 +154,36 @@ void run_tensor_ranks(int tp, F&& fn) {
       throw loom::error("rank " + std::to_string(comm.rank()) + " of " + std::to_string(tp) + ": " + e.what());
     }
   });
+}
+
+/// Runs fn(comm, peer_failed) on the tensor group of `model` (use_mpi_world() first): the MPI
+/// world when started by mpirun with more than one process, else model.tp thread ranks
+/// (run_tensor_ranks). fn must take either communicator (a generic lambda). A process whose
+/// fn throws prints "<program>: error: rank r of N: <what>" and ends the job (MPI_Abort: the
+/// others do not hang in a collective or in MPI_Finalize).
+template <class F>
+void run_tensor_group(const char* program, const model_args& model, F&& fn) {
+#ifdef LOOM_HAS_MPI
+  if (examples::mpi_launch_size() > 1) {
+    examples::mpi_session mpi;
+    std::atomic<bool> failed{false};  // a peer's failure aborts this process too
+    try {
+      loom::comm::mpi_comm comm = loom::comm::mpi_comm::world();
+      try {
+        fn(comm, static_cast<const std::atomic<bool>&>(failed));
+      } catch (const std::exception& e) {
+        throw loom::error("rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + ": " + e.what());
+      }
+    } catch (const std::exception& e) {
+      loom::comm::fail(program, e.what());
+      throw;
+    }
+    return;
+  }
+#else
+  (void)program;
+#endif
+  run_tensor_ranks(model.tp, std::forward<F>(fn));
 }
 
 }  // namespace llama

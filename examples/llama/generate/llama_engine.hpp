@@ -94,24 +94,19 @@ class llama_paged {
   /// not divide. LoRA `adapters` only on a group of one (their factors are not split yet).
   llama_paged(const flat_weights& full, C& tp, loom::memory_resource& mr = loom::default_resource<loom::host>(),
               std::vector<served_adapter> adapters = {})
-      : llama_paged(checked_split(full.cfg, tp.size()), tp, std::move(adapters)) {
+      : llama_paged(full.cfg, tp, slice_from(full), mr, std::move(adapters)) {}
+  /// The same from `fill`, which writes this rank's slice of a model of config c (the shards of
+  /// its layers): slice_from(checkpoint_reader) reads just those bytes of the files, so that no
+  /// rank ever holds the whole model; slice_from(flat_weights) cuts them from a loaded one.
+  llama_paged(const llama::config& c, C& tp, const slice_source& fill, loom::memory_resource& mr = loom::default_resource<loom::host>(),
+              std::vector<served_adapter> adapters = {})
+      : llama_paged(checked_split(c, tp.size()), tp, std::move(adapters)) {
     LOOM_CHECK(adapters_.empty() || tp.size() == 1, "llama_engine: LoRA adapters over a tensor-parallel base (tp=", tp.size(),
                ") are not supported yet; serve them at tp=1");
-    LOOM_CHECK(full.params.size() == full.layout.size(), "llama_engine: the weights hold ", full.params.size(),
-               " parameters, the layout of their config ", full.layout.size());
-    take_slice(
-        [&](const loom::nn::tp::shard_list& shards, std::span<float> slice) {
-          loom::nn::tp::load_shards(shards, full.params.span(), slice, [&](const std::string& name) { return full.layout.find(name).offset; });
-        },
-        mr);
-  }
-  /// Rank tp.rank() of a tensor group of config c, from `fill`, which writes this rank's slice
-  /// (its layers' shards into a buffer from `mr`) — slice_from(checkpoint_reader) reads just
-  /// those bytes of the files, so that no rank ever holds the whole model. Refuses a split as
-  /// the constructor above does.
-  llama_paged(const llama::config& c, C& tp, const slice_source& fill, loom::memory_resource& mr = loom::default_resource<loom::host>())
-      : llama_paged(checked_split(c, tp.size()), tp, std::vector<served_adapter>{}) {
-    take_slice(fill, mr);
+    slice_ = loom::buffer<float>(layers_.layout.size(), mr);
+    std::fill(slice_.begin(), slice_.end(), 0.f);  // the layout's alignment padding
+    fill(layers_.shards, slice_.span());
+    use(slice_.span(), mr);
   }
   llama_paged(const llama_paged&) = delete;  // holds a pointer to its own communicator at tp = 1
   llama_paged& operator=(const llama_paged&) = delete;
@@ -265,13 +260,6 @@ class llama_paged {
       : cfg_((c.validate(), c)), tp_(&tp),
         layers_(c, loom::nn::tp::tp_rank::of(tp), llama3d::split_layers(c.n_layers, 1, 0), true, true),
         adapters_(std::move(adapters)) {}
-  // This rank's slice into memory from `mr` (the padding zero), written by `fill`, then used.
-  void take_slice(const slice_source& fill, loom::memory_resource& mr) {
-    slice_ = loom::buffer<float>(layers_.layout.size(), mr);
-    std::fill(slice_.begin(), slice_.end(), 0.f);  // the layout's alignment padding
-    fill(layers_.shards, slice_.span());
-    use(slice_.span(), mr);
-  }
   // The layers read `params` (in their layout); the projections are packed from it into `mr`.
   void use(std::span<const float> params, loom::memory_resource& mr) {
     LOOM_CHECK(params.size() == layers_.layout.size(), "llama_engine: the weights hold ", params.size(),
@@ -363,8 +351,8 @@ class llama_engine : public loom::kv::engine<llama_paged<C>, KV> {
   /// Rank tp.rank() of a tensor-parallel engine of config c whose slice `fill` writes (e.g.
   /// slice_from(checkpoint_reader(path)): each rank reads only its bytes of the files).
   llama_engine(const llama::config& c, C& tp, const slice_source& fill, engine_config cfg,
-               loom::memory_resource& mr = loom::default_resource<loom::host>())
-      : loom::kv::engine<llama_paged<C>, KV>(cfg, c, tp, fill, mr) {}
+               loom::memory_resource& mr = loom::default_resource<loom::host>(), std::vector<served_adapter> adapters = {})
+      : loom::kv::engine<llama_paged<C>, KV>(cfg, c, tp, fill, mr, std::move(adapters)) {}
   /// What each rank of a group of tp holds for config c under engine config ec, computed
   /// before any weight is read (memory_plan(...).total() against a rank's memory decides
   /// whether a model fits). Refuses a split tp cannot make, as the constructor does.

@@ -371,6 +371,16 @@ class checkpoint_reader {
 /// own shards, so the description of the split is the layers' one.
 using slice_source = std::function<void(const loom::nn::tp::shard_list&, std::span<float>)>;
 
+/// A slice_source cutting every shard from `full` (which must outlive it), the whole model in
+/// the single-rank layout.
+inline slice_source slice_from(const flat_weights& full) {
+  LOOM_CHECK(full.params.size() == full.layout.size(), "llama_engine: the weights hold ", full.params.size(),
+             " parameters, the layout of their config ", full.layout.size());
+  return [&full](const loom::nn::tp::shard_list& shards, std::span<float> slice) {
+    loom::nn::tp::load_shards(shards, full.params.span(), slice, [&](const std::string& name) { return full.layout.find(name).offset; });
+  };
+}
+
 /// A slice_source reading every row of every shard from checkpoint `r` (which must outlive it).
 inline slice_source slice_from(const checkpoint_reader& r) {
   return [&r](const loom::nn::tp::shard_list& shards, std::span<float> slice) {

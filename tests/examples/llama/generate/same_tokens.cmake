@@ -2,9 +2,15 @@
 # with `--tp ${TP}`, and fails unless both print the same generated-token lines ("[i]  ids")
 # and the second reports tp ${TP}. The one-rank run is the oracle, made on the machine that
 # runs the test (so its kernel, whichever the CPU has, decides both).
+# LAUNCH (optional, a ;-list): what starts the --tp ${TP} run, e.g. "mpiexec;-n;2;--oversubscribe":
+# the tensor group is then mpirun's processes, not threads.
 foreach(tp 1 ${TP})
-  execute_process(COMMAND ${CMD} --tp ${tp} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
-  message("--tp ${tp}:\n${out}${err}")
+  set(launch "")
+  if(NOT tp EQUAL 1)
+    set(launch ${LAUNCH})
+  endif()
+  execute_process(COMMAND ${launch} ${CMD} --tp ${tp} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  message("${launch} --tp ${tp}:\n${out}${err}")
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "the --tp ${tp} run exited with ${rc}")
   endif()
