@@ -36,3 +36,13 @@ set_tests_properties(llama_serve_cli_memory_refused PROPERTIES
                      FAIL_REGULAR_EXPRESSION "listening" TIMEOUT 30)
 add_test(NAME llama_serve_cli_lora_tp COMMAND llama-serve --random --tp 2 --lora sql=/nonexistent/sql-lora --port 1)
 set_tests_properties(llama_serve_cli_lora_tp PROPERTIES PASS_REGULAR_EXPRESSION "flag --lora needs --tp 1 .*got --tp 2" TIMEOUT 30)
+# Under mpirun (np 2 and 4) the server runs on process 0 and the others follow: greedy answers
+# equal a --tp 1 server's (started by the same test), and SIGTERM ends every process.
+if(LOOM_HAS_MPI)
+  foreach(_np 2 4)
+    add_test(NAME llama_serve_mpi_np${_np}
+             COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/examples/llama/serve/same_answers.py ${MPIEXEC_EXECUTABLE}
+                     ${LOOM_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} ${_np} -- $<TARGET_FILE:llama-serve> --random)
+    set_tests_properties(llama_serve_mpi_np${_np} PROPERTIES TIMEOUT 90 LABELS mpi PROCESSORS 2 ENVIRONMENT OPENBLAS_NUM_THREADS=1)
+  endforeach()
+endif()
