@@ -24,8 +24,9 @@
 // bit.
 //
 // Tensor parallelism (docs/kv.md, "Tensor-parallel engine"): llama_paged<C> on rank r of a
-// tensor group C holds the layers at tp = C's size: its slice of the weights (cut from the
-// full flat buffer by the layout's shards; norms replicated), its query and key/value heads
+// tensor group C holds the layers at tp = C's size: its slice of the weights (by the layout's
+// shards, read from the checkpoint's files or cut from a full flat buffer: a slice_source;
+// norms replicated), its query and key/value heads
 // (the pool holds n_kv_heads / tp heads), its columns of the MLP and its rows of the
 // vocabulary. The layers' own collectives sum the row-parallel outputs and the embedding;
 // the output projection gives this rank's vocabulary columns of the logits, and an

@@ -53,6 +53,14 @@ if(LOOM_HAS_MPI)
                            ENVIRONMENT OPENBLAS_NUM_THREADS=1)
     endforeach()
   endif()
+  # Launched from a DeepSpeed-format hostfile as llama-train is: 4 slots on localhost, no --oversubscribe.
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/hostfile.slots4 "localhost slots=4\n")
+  set(_hostfile_flags ${LOOM_MPIEXEC_FLAGS})
+  list(REMOVE_ITEM _hostfile_flags --oversubscribe)
+  add_test(NAME llama_generate_mpi_hostfile4
+           COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-generate>;--random;--prompt;5 6 7;--max-new;6;--temperature;0" -DTP=4
+                   "-DLAUNCH=${MPIEXEC_EXECUTABLE};${_hostfile_flags};--hostfile;${CMAKE_CURRENT_BINARY_DIR}/hostfile.slots4;-np;4" -P ${_same})
+  set_tests_properties(llama_generate_mpi_hostfile4 PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2 ENVIRONMENT OPENBLAS_NUM_THREADS=1)
   add_test(NAME llama_generate_mpi_tp_mismatch COMMAND ${_mpi} 2 $<TARGET_FILE:llama-generate> --random --tp 4)
   set_tests_properties(llama_generate_mpi_tp_mismatch PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2 PASS_REGULAR_EXPRESSION
                        "flag --tp 4 but mpirun started 2 processes")
