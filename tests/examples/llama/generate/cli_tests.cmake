@@ -29,7 +29,7 @@ endforeach()
 # The same under mpirun: the tensor group is its processes (np 2 and 4), each reading only its
 # slice of the checkpoint's files; the oracle is the --tp 1 run of the same test. np 2 on the
 # llama2.c and HF checkpoints of the tests/io/weights fixture (their 2 key/value heads split at
-# most 2 ways), np 4 on the random model. --tp other than the world's size is refused naming
+# most 2 ways), np 4 on HF LLaMA and ChatGLM folders, np 2 and 4 on the random model. --tp other than the world's size is refused naming
 # both; a rank that fails ends the job with its rank and error, never a hang.
 if(LOOM_HAS_MPI)
   set(_mpi ${MPIEXEC_EXECUTABLE} ${LOOM_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG})
@@ -51,6 +51,23 @@ if(LOOM_HAS_MPI)
                        -DTP=2 "-DLAUNCH=${_mpi};2" -P ${_same})
       set_tests_properties(llama_generate_mpi_np2_${_file} PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2 FIXTURES_REQUIRED llama_generate_ckpt
                            ENVIRONMENT OPENBLAS_NUM_THREADS=1)
+    endforeach()
+  endif()
+  # np 4 on files: HF LLaMA and ChatGLM folders of 4 key/value heads, written by llama-train's
+  # --export-hf after one step (the weights need not be good, only the same for every run).
+  if(LOOM_HAS_JSON)  # llama-train is built
+    foreach(_arch llama chatglm)
+      set(_hf ${CMAKE_CURRENT_BINARY_DIR}/mpi_hf_${_arch})
+      add_test(NAME llama_generate_mpi_hf_${_arch}
+               COMMAND $<TARGET_FILE:llama-train> --arch ${_arch} --dim 64 --n-layers 2 --n-heads 4 --n-kv-heads 4 --hidden-dim 128
+                       --vocab 256 --seq 16 --batch 2 --micro-batches 1 --steps 1 --data counting --save ${_hf}-ckpt --export-hf ${_hf})
+      set_tests_properties(llama_generate_mpi_hf_${_arch} PROPERTIES FIXTURES_SETUP llama_generate_hf_${_arch} TIMEOUT 60
+                           ENVIRONMENT OPENBLAS_NUM_THREADS=1)
+      add_test(NAME llama_generate_mpi_np4_${_arch}
+               COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-generate>;--checkpoint;${_hf};--prompt;1 5 7;--prompt;9 9;--max-new;8;--temperature;0"
+                       -DTP=4 "-DLAUNCH=${_mpi};4" -P ${_same})
+      set_tests_properties(llama_generate_mpi_np4_${_arch} PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2
+                           FIXTURES_REQUIRED llama_generate_hf_${_arch} ENVIRONMENT OPENBLAS_NUM_THREADS=1)
     endforeach()
   endif()
   # Launched from a DeepSpeed-format hostfile as llama-train is: 4 slots on localhost, no --oversubscribe.
