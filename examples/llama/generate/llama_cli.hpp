@@ -1,22 +1,32 @@
 #pragma once
 // Command-line options shared by llama-generate and llama-serve: where the model comes from
 // (a checkpoint, or random weights to try the programs without files), its tokenizer, the
-// KV pool / scheduler sizes, and the ranks (--tp tensor-parallel x --pp pipeline stages: thread
-// ranks of this process) with the memory each may hold (--max-memory-per-rank), checked
-// before loading.
+// KV pool / scheduler sizes, and the ranks (--tp tensor-parallel x --pp pipeline stages:
+// thread ranks of this process, or the processes of mpirun) with the memory each may hold
+// (--max-memory-per-rank), checked before loading.
+//
+// Each rank makes its engine from the checkpoint's files itself (checkpoint_reader: only the
+// bytes of its slice are read), so that no process ever holds the whole model; random
+// weights are made whole on every process and cut (they exist to try the programs).
 
 #include "llama_engine.hpp"
 #include "llama_loader.hpp"
 
 #include <common/cli.hpp>
+#include <common/mpi_launch.hpp>
 
+#include <loom/comm/fail_fast.hpp>
 #include <loom/comm/thread_comm.hpp>
+#ifdef LOOM_HAS_MPI
+#include <loom/comm/mpi_comm.hpp>
+#endif
 
 #include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace llama {
@@ -50,7 +60,8 @@ inline std::string mib(std::size_t bytes) {
 struct model_args {
   std::string checkpoint, tokenizer;
   bool random = false;
-  int tp = 1;                            ///< --tp: tensor-parallel thread ranks
+  int tp = 1;                            ///< --tp: tensor-parallel ranks (threads; under mpirun, its processes)
+  bool tp_given = false;
   int pp = 1;                            ///< --pp: pipeline stages (tp ranks each)
   std::size_t max_memory_per_rank = 0;  ///< --max-memory-per-rank; 0: no limit
 
@@ -62,7 +73,7 @@ struct model_args {
     else if (a == "--blocks") ec.num_blocks = examples::cli::number<int>(a, next());
     else if (a == "--block-size") ec.block_size = examples::cli::number<int>(a, next());
     else if (a == "--budget") ec.scheduler.max_num_batched_tokens = examples::cli::number<int>(a, next());
-    else if (a == "--tp") tp = examples::cli::number<int>(a, next());
+    else if (a == "--tp") tp = examples::cli::number<int>(a, next()), tp_given = true;
     else if (a == "--pp") pp = examples::cli::number<int>(a, next());
     else if (a == "--micro-batches") {
       ec.micro_batches = examples::cli::number<int>(a, next());
@@ -80,6 +91,30 @@ struct model_args {
   }
   /// "--tp N", and " --pp P" when there are pipeline stages.
   std::string ranks() const { return "--tp " + std::to_string(tp) + (pp > 1 ? " --pp " + std::to_string(pp) : ""); }
+  /// Under mpirun with more than one process the mesh is its world: tp x pp must equal the
+  /// world's size; --tp defaults to the world's size / pp (a loom::error names the flags and
+  /// the world when they do not fit). Call before plan_memory.
+  void use_mpi_world() {
+    const int world = examples::mpi_launch_size();
+    if (world <= 1) return;
+    LOOM_CHECK(pp >= 1 && world % pp == 0, "flag --pp ", pp, " but mpirun started ", world,
+               " processes: under mpirun the ranks are the MPI world, so --pp must divide it");
+    LOOM_CHECK(!tp_given || tp * pp == world, "flag --tp ", tp, (pp > 1 ? " --pp " + std::to_string(pp) : std::string()),
+               " but mpirun started ", world, " processes: under mpirun the ranks are the MPI world (give --tp ", world / pp,
+               " or mpirun -np ", tp * pp, ")");
+#ifndef LOOM_HAS_MPI
+    LOOM_THROW("started by mpirun with ", world, " processes, but this build has no MPI communicator (LOOM_ENABLE_MPI)");
+#endif
+    tp = world / pp;
+  }
+  /// The slice of rank comm's model: read from the checkpoint's files (only its bytes), or
+  /// cut from `random` (the whole random model, made by the caller with load()).
+  /// `reader` holds the open checkpoint while the engine is made.
+  slice_source slice(std::optional<checkpoint_reader>& reader, const flat_weights* random) const {
+    if (random) return slice_from(*random);
+    reader.emplace(checkpoint);
+    return slice_from(*reader);
+  }
   /// The model's config before any tensor is read: `random_config`, or the checkpoint's
   /// (checkpoint_config: config.json and the shards' headers, or a llama2.c header).
   config config_before_loading(const config& random_config) const {
@@ -136,6 +171,36 @@ void run_tensor_ranks(int tp, F&& fn) {
       throw loom::error("rank " + std::to_string(comm.rank()) + " of " + std::to_string(tp) + ": " + e.what());
     }
   });
+}
+
+/// Runs fn(comm, peer_failed) on the ranks of `model` (use_mpi_world() first; fn builds its
+/// (1, tp, pp) mesh over comm): the MPI world when started by mpirun with more than one
+/// process, else model.tp x model.pp thread ranks (run_tensor_ranks). fn must take either communicator (a generic lambda). A process whose
+/// fn throws prints "<program>: error: rank r of N: <what>" and ends the job (MPI_Abort: the
+/// others do not hang in a collective or in MPI_Finalize).
+template <class F>
+void run_tensor_group(const char* program, const model_args& model, F&& fn) {
+#ifdef LOOM_HAS_MPI
+  if (examples::mpi_launch_size() > 1) {
+    examples::mpi_session mpi;
+    std::atomic<bool> failed{false};  // a peer's failure aborts this process too
+    try {
+      loom::comm::mpi_comm comm = loom::comm::mpi_comm::world();
+      try {
+        fn(comm, static_cast<const std::atomic<bool>&>(failed));
+      } catch (const std::exception& e) {
+        throw loom::error("rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + ": " + e.what());
+      }
+    } catch (const std::exception& e) {
+      loom::comm::fail(program, e.what());
+      throw;
+    }
+    return;
+  }
+#else
+  (void)program;
+#endif
+  run_tensor_ranks(model.tp * model.pp, std::forward<F>(fn));
 }
 
 }  // namespace llama

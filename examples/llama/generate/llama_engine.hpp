@@ -24,8 +24,9 @@
 // bit.
 //
 // Tensor parallelism (docs/kv.md, "Tensor-parallel engine"): llama_paged<C> on rank r of a
-// tensor group C holds the layers at tp = C's size: its slice of the weights (cut from the
-// full flat buffer by the layout's shards; norms replicated), its query and key/value heads
+// tensor group C holds the layers at tp = C's size: its slice of the weights (by the layout's
+// shards, read from the checkpoint's files or cut from a full flat buffer: a slice_source;
+// norms replicated), its query and key/value heads
 // (the pool holds n_kv_heads / tp heads), its columns of the MLP and its rows of the
 // vocabulary. The layers' own collectives sum the row-parallel outputs and the embedding;
 // the output projection gives this rank's vocabulary columns of the logits, and an
@@ -111,24 +112,35 @@ class llama_paged {
   /// not divide. LoRA `adapters` only on a group of one (their factors are not split yet).
   llama_paged(const flat_weights& full, C& tp, loom::memory_resource& mr = loom::default_resource<loom::host>(),
               std::vector<served_adapter> adapters = {})
-      : llama_paged(checked_split(full.cfg, tp.size()), tp, nullptr, tp, 0, std::move(adapters)) {
-    load_slice(full, mr);
+      : llama_paged(full.cfg, tp, slice_from(full), mr, std::move(adapters)) {}
+  /// The same from `fill`, which writes this rank's slice of a model of config c (the shards of
+  /// its layers): slice_from(checkpoint_reader) reads just those bytes of the files, so that no
+  /// rank ever holds the whole model; slice_from(flat_weights) cuts them from a loaded one.
+  llama_paged(const llama::config& c, C& tp, const slice_source& fill, loom::memory_resource& mr = loom::default_resource<loom::host>(),
+              std::vector<served_adapter> adapters = {})
+      : llama_paged(checked_split(c, tp.size()), tp, nullptr, tp, 0, std::move(adapters)) {
+    load_slice(fill, mr);
   }
 
   /// Rank of a (tp, pp) mesh (dp = 1; the mesh must outlive the model): pipeline stage
   /// mesh.coord().pp holds its layers of the decoder's stage split (llama3d::split_layers;
   /// the embedding on the first stage, the final norm and output projection on the last),
-  /// and of them this rank's tensor-parallel slice, copied from `full` into `mr` as above.
-  /// A step's sequences run as `micro_batches` micro-batches (0: one per stage). The model's
-  /// group (the plan's broadcast) is the whole mesh. Refuses a pp the layers cannot be split
-  /// over (every stage needs one), by name.
-  llama_paged(const flat_weights& full, loom::comm::mesh<C>& mesh, loom::memory_resource& mr, std::int32_t micro_batches = 0,
-              std::vector<served_adapter> adapters = {})
-      : llama_paged(checked_split(full.cfg, mesh.shape().tp, mesh.shape().pp), mesh.tp(), &mesh.pp(), mesh.mp(),
-                    micro_batches, std::move(adapters)) {
+  /// and of them this rank's tensor-parallel slice, which `fill` writes into memory from `mr`
+  /// as above. A step's sequences run as `micro_batches` micro-batches (0: one per stage). The
+  /// model's group (the plan's broadcast) is the whole mesh. Refuses a pp the layers cannot be
+  /// split over (every stage needs one), by name.
+  llama_paged(const llama::config& c, loom::comm::mesh<C>& mesh, const slice_source& fill, loom::memory_resource& mr,
+              std::int32_t micro_batches = 0, std::vector<served_adapter> adapters = {})
+      : llama_paged(checked_split(c, mesh.shape().tp, mesh.shape().pp), mesh.tp(), &mesh.pp(), mesh.mp(), micro_batches,
+                    std::move(adapters)) {
     LOOM_CHECK(mesh.shape().dp == 1, "llama_engine: a mesh with dp=", mesh.shape().dp,
                "; data-parallel replicas of the engine are engines of their own (dp must be 1)");
-    load_slice(full, mr);
+    load_slice(fill, mr);
+  }
+  /// The same, cut from `full` (the whole model in the single-rank layout).
+  llama_paged(const flat_weights& full, loom::comm::mesh<C>& mesh, loom::memory_resource& mr, std::int32_t micro_batches = 0,
+              std::vector<served_adapter> adapters = {})
+      : llama_paged(full.cfg, mesh, slice_from(full), mr, micro_batches, std::move(adapters)) {}
   }
   llama_paged(const llama_paged&) = delete;  // holds a pointer to its own communicator at tp = 1
   llama_paged& operator=(const llama_paged&) = delete;
@@ -274,14 +286,11 @@ class llama_paged {
   }
   bool first_stage() const noexcept { return stage_ == 0; }
   bool last_stage() const noexcept { return stage_ == stages_ - 1; }
-  // This rank's slice of `full` (its stage's layers, its tensor shards) copied into `mr`.
-  void load_slice(const flat_weights& full, loom::memory_resource& mr) {
-    LOOM_CHECK(full.params.size() == full.layout.size(), "llama_engine: the weights hold ", full.params.size(),
-               " parameters, the layout of their config ", full.layout.size());
+  // This rank's slice (its stage's layers, its tensor shards), written by `fill` into memory from `mr`.
+  void load_slice(const slice_source& fill, loom::memory_resource& mr) {
     slice_ = loom::buffer<float>(layers_.layout.size(), mr);
     std::fill(slice_.begin(), slice_.end(), 0.f);  // the layout's alignment padding
-    loom::nn::tp::load_shards(layers_.shards, full.params.span(), slice_.span(),
-                              [&](const std::string& name) { return full.layout.find(name).offset; });
+    fill(layers_.shards, slice_.span());
     use(slice_.span(), mr);
   }
   // The plan's tokens through this stage's layers, in place on the residual stream's rows
@@ -460,17 +469,27 @@ class llama_engine : public loom::kv::engine<llama_paged<C>, KV> {
   llama_engine(const flat_weights& full, C& tp, engine_config cfg, loom::memory_resource& mr = loom::default_resource<loom::host>(),
                std::vector<served_adapter> adapters = {})
       : loom::kv::engine<llama_paged<C>, KV>(cfg, full, tp, mr, std::move(adapters)) {}
+  /// Rank tp.rank() of a tensor-parallel engine of config c whose slice `fill` writes (e.g.
+  /// slice_from(checkpoint_reader(path)): each rank reads only its bytes of the files).
+  llama_engine(const llama::config& c, C& tp, const slice_source& fill, engine_config cfg,
+               loom::memory_resource& mr = loom::default_resource<loom::host>(), std::vector<served_adapter> adapters = {})
+      : loom::kv::engine<llama_paged<C>, KV>(cfg, c, tp, fill, mr, std::move(adapters)) {}
   /// Rank of a (tp, pp) mesh (dp = 1; it must outlive the engine): every rank of the mesh
-  /// makes it with the same weights and config; its stage's layers and its tensor slice of
-  /// them go into `mr`. Rank 0 of the mesh (the first stage's) takes the requests and steps;
-  /// every other rank calls follow(). A step's sequences flow through the stages as
-  /// cfg.micro_batches micro-batches (0: one per stage).
+  /// makes it with the same config and a `fill` of the same weights; its stage's layers and
+  /// its tensor slice of them go into `mr`. Rank 0 of the mesh (the first stage's) takes the
+  /// requests and steps; every other rank calls follow(). A step's sequences flow through
+  /// the stages as cfg.micro_batches micro-batches (0: one per stage).
+  llama_engine(const llama::config& c, loom::comm::mesh<C>& mesh, const slice_source& fill, engine_config cfg,
+               loom::memory_resource& mr = loom::default_resource<loom::host>(), std::vector<served_adapter> adapters = {})
+      : loom::kv::engine<llama_paged<C>, KV>(cfg, c, mesh, fill, mr, cfg.micro_batches, std::move(adapters)) {}
+  /// The same, cut from `full`.
   llama_engine(const flat_weights& full, loom::comm::mesh<C>& mesh, engine_config cfg,
                loom::memory_resource& mr = loom::default_resource<loom::host>(), std::vector<served_adapter> adapters = {})
       : loom::kv::engine<llama_paged<C>, KV>(cfg, full, mesh, mr, cfg.micro_batches, std::move(adapters)) {}
   /// What a rank of stage `stage` of pp, in a tensor group of tp, holds for config c under
-  /// engine config ec, computed before any weight is read. Refuses a split tp or pp cannot
-  /// make, as the constructors do.
+  /// engine config ec, computed before any weight is read (memory_plan(...).total() against a
+  /// rank's memory decides whether a model fits). Refuses a split tp or pp cannot make, as
+  /// the constructors do.
   static rank_memory memory_plan(const llama::config& c, engine_config ec, int tp, int pp, int stage) {
     LOOM_CHECK(tp >= 1, "llama_engine: tp must be >= 1, got ", tp);
     const auto layers = llama3d::split_layers(c.n_layers, pp, stage).layers();

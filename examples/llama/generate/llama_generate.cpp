@@ -1,10 +1,13 @@
 // llama-generate: paged-KV generation for a batch of prompts from a llama2.c or HF safetensors
 // checkpoint (or a random model, for trying the engine without files), on --tp x --pp thread
-// ranks (tensor groups of --tp in --pp pipeline stages): rank 0 schedules, samples and prints;
-// the others run its plans (llama_engine's follow()).
+// ranks (tensor groups of --tp in --pp pipeline stages) or on the processes of `mpirun -np N`
+// (the mesh is then the MPI world): rank 0 schedules, samples and prints; the others run its
+// plans (llama_engine's follow()). Each rank reads only its slice of the checkpoint's files.
 #include "llama_cli.hpp"
 
 #include <tokenizer_file.hpp>
+
+#include <loom/comm/fault_inject.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -13,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -31,6 +35,7 @@ const char* usage =
     "  --tp N: split the model over N tensor-parallel thread ranks (N must divide heads, kv-heads, hidden, vocab).\n"
     "  --pp N: and its layers over N pipeline stages of --tp ranks each (N <= layers); each step's sequences flow\n"
     "  through the stages as --micro-batches M micro-batches (default: N).\n"
+    "  Under mpirun -np N (or --hostfile) the ranks are its processes: --tp x --pp must be N (--tp defaults to N / pp).\n"
     "  --max-memory-per-rank BYTES (e.g. 512M, 2G): refuse, before loading, a model whose rank would need more\n"
     "  (weights + KV pool + workspace, printed at start-up with the smallest tp that fits).\n";
 
@@ -80,12 +85,14 @@ int main(int argc, char** argv) {
   const auto check = [&] { model.validate(); };
   if (const auto rc = examples::cli::command_line(argc, argv, "llama-generate", usage, on, check)) return *rc;
   try {
-    using engine = llama::llama_engine<float, loom::comm::thread_comm>;
+    model.use_mpi_world();
+    // Under mpirun rank 0 prints; the others' output would repeat it.
+    if (examples::mpi_launch_rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;
     ec.scheduler.max_num_seqs = static_cast<std::int32_t>(std::max<std::size_t>(prompts.size(), 1));
     // The memory plan before any tensor is read: a model that does not fit is refused unread.
-    model.plan_memory<engine>("llama-generate", model.config_before_loading(random_config()), ec);
-    std::optional<llama::flat_weights> w(model.load(random_config()));
-    const llama::config c = w->cfg;
+    const llama::config c = model.config_before_loading(random_config());
+    model.plan_memory<llama::llama_engine<float, loom::comm::thread_comm>>("llama-generate", c, ec);
+    const std::optional<llama::flat_weights> random_weights = model.random ? std::optional(model.load(random_config())) : std::nullopt;
     std::optional<loom::data::any_tokenizer> tok;
     if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, "none", c.vocab));
     if (prompts.empty()) prompts.push_back(tok ? "Once upon a time" : "1");
@@ -110,13 +117,16 @@ int main(int argc, char** argv) {
       if (tok) r.stop_tokens = {tok->eos_id()};
       reqs.push_back(std::move(r));
     }
-    llama::run_tensor_ranks(model.tp * model.pp, [&](loom::comm::thread_comm& comm, const std::atomic<bool>&) {
+    llama::run_tensor_group("llama-generate", model, [&](auto& comm, const std::atomic<bool>&) {
+      using C = std::remove_cvref_t<decltype(comm)>;
+      using engine = llama::llama_engine<float, C>;
       loom::host_memory_resource weights("rank " + std::to_string(comm.rank()) + " weights");
-      loom::comm::mesh<loom::comm::thread_comm> mesh(comm, {1, model.tp, model.pp});
-      engine eng(*w, mesh, ec, weights);
-      comm.barrier();  // every rank has its slice: the whole model can go
+      loom::comm::mesh<C> mesh(comm, {1, model.tp, model.pp});
+      std::optional<llama::checkpoint_reader> reader;  // open while the engine reads its slice
+      engine eng(c, mesh, model.slice(reader, random_weights ? &*random_weights : nullptr), ec, weights);
+      reader.reset();
+      if (loom::comm::inject_fault(comm.rank(), 0)) return;  // the tests' failed rank (LOOM_FAULT_INJECT=<rank>:0:<kind>)
       if (comm.rank() != 0) return eng.follow();
-      w.reset();
       std::printf("rank 0 of %d holds weights %zu + KV pool %zu + workspace %zu bytes\n", comm.size(), weights.current_bytes(),
                   eng.kv_bytes(), eng.workspace_bytes());
       const auto t0 = std::chrono::steady_clock::now();

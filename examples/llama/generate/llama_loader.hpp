@@ -38,6 +38,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -321,6 +322,71 @@ inline flat_weights load_checkpoint(const std::string& path) {
 /// and the shards' headers; a llama2.c header), e.g. for a memory plan before loading.
 inline config checkpoint_config(const std::string& path) {
   return detail::is_hf_checkpoint(path) ? config_from_hf(path) : detail::llama2c_config(loom::io::read_llama2c_config(path));
+}
+
+/// A checkpoint of load_checkpoint's formats opened for range reads of the layout's tensors
+/// (Meta's names): the config and every tensor's presence and shape checked from what precedes
+/// the data (config.json and the shards' headers; a llama2.c header), then any elements of any
+/// tensor, each read at one pread of its bytes. A rank of a tensor group reads its slice
+/// through it (slice_from), never the whole model.
+class checkpoint_reader {
+ public:
+  explicit checkpoint_reader(const std::string& path) : path_(path) {
+    if (detail::is_hf_checkpoint(path)) {
+      hf_.emplace(path);
+      cfg_ = hf_->cfg();
+      const auto layout = llama3d::full_layout(cfg_);
+      for (const auto& e : layout.entries()) hf_->check(e);
+      return;
+    }
+    l2c_.emplace(path);
+    cfg_ = detail::llama2c_config(l2c_->config());
+    const auto layout = llama3d::full_layout(cfg_);
+    for (const auto& e : layout.entries()) {
+      const auto* t = l2c_->find(e.name);
+      LOOM_CHECK(t, "tensor '", e.name, "' is missing from the checkpoint '", path, "'");
+      LOOM_CHECK(std::ranges::equal(t->shape, e.shape), "tensor '", e.name, "' in '", path, "' has shape ",
+                 detail::shape_string(t->shape), ", its config gives ", detail::shape_string(e.shape));
+    }
+  }
+  const config& cfg() const noexcept { return cfg_; }
+  const std::string& path() const noexcept { return path_; }
+  /// Elements [first, first + out.size()) of the layout's tensor `name` (row-major), as float.
+  void read(const std::string& name, std::uint64_t first, std::span<float> out) const {
+    if (hf_) hf_->read(hf_->name_of(name), first, out);
+    else l2c_->read(name, first, out);
+  }
+  /// Tensor data bytes read so far (the file's element type: 2 per value of a BF16 folder).
+  std::uint64_t bytes_read() const noexcept { return hf_ ? hf_->bytes_read() : l2c_->bytes_read(); }
+
+ private:
+  std::string path_;
+  config cfg_;
+  std::optional<hf_folder> hf_;
+  std::optional<loom::io::llama2c_file> l2c_;
+};
+
+/// Fills a rank's slice: the shards of its layers (who holds what of each full tensor) and
+/// its flat buffer in their layout (zeroed). llama_paged's slice constructor calls it with its
+/// own shards, so the description of the split is the layers' one.
+using slice_source = std::function<void(const loom::nn::tp::shard_list&, std::span<float>)>;
+
+/// A slice_source cutting every shard from `full` (which must outlive it), the whole model in
+/// the single-rank layout.
+inline slice_source slice_from(const flat_weights& full) {
+  LOOM_CHECK(full.params.size() == full.layout.size(), "llama_engine: the weights hold ", full.params.size(),
+             " parameters, the layout of their config ", full.layout.size());
+  return [&full](const loom::nn::tp::shard_list& shards, std::span<float> slice) {
+    loom::nn::tp::load_shards(shards, full.params.span(), slice, [&](const std::string& name) { return full.layout.find(name).offset; });
+  };
+}
+
+/// A slice_source reading every row of every shard from checkpoint `r` (which must outlive it).
+inline slice_source slice_from(const checkpoint_reader& r) {
+  return [&r](const loom::nn::tp::shard_list& shards, std::span<float> slice) {
+    loom::nn::tp::read_shards(shards, slice,
+                              [&](const std::string& name, std::size_t first, std::span<float> out) { r.read(name, first, out); });
+  };
 }
 
 /// Writes sharded checkpoint `ckpt` (of a model with config `c`) as a Hugging Face folder of

@@ -1,10 +1,11 @@
 // llama-serve: HTTP server (ChatGLM api.py protocol + OpenAI-compatible completions and chat
 // completions with SSE streaming) over the paged-KV LLaMA engine. Ctrl-C stops it.
 // With --tp N (and --pp P) the model is split over N x P thread ranks (tensor groups of N in P
-// pipeline stages): rank 0 (the main thread) runs the server, whose engine leads; the other
-// ranks run its plans (follow()) until it stops. A failed
-// rank ends the program with its error (the group's collectives throw, the server reports
-// its engine broken), never a hang.
+// pipeline stages), or under `mpirun -np N*P` over its processes: rank 0 (the main thread of
+// process 0) runs the server, whose engine leads; the other ranks run its plans (follow())
+// until it stops. Each rank reads only its slice of the checkpoint. A failed rank ends the
+// program with its error (the group's collectives throw, the server reports its engine
+// broken; under mpirun the failed process aborts the job), never a hang.
 #include "llama_cli.hpp"
 #include "llama_engine.hpp"
 
@@ -26,6 +27,7 @@
 #include <optional>
 #include <pthread.h>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -61,6 +63,8 @@ const char* usage =
     "                         hidden, vocab); requests, streaming and cancellation are as on one rank\n"
     "  --pp N                 and its layers over N pipeline stages of --tp ranks each (N <= layers)\n"
     "  --micro-batches M      a step's sequences flow through the stages as M micro-batches (default: --pp)\n"
+    "                         Under mpirun -np N (or --hostfile) the ranks are its processes: --tp x --pp must\n"
+    "                         be N (--tp defaults to N / pp)\n"
     "  --max-memory-per-rank BYTES  refuse, before loading, a model whose rank needs more (e.g. 512M, 2G; the\n"
     "                         figures and the smallest tp that fits are printed at start-up)\n";
 
@@ -134,16 +138,18 @@ int main(int argc, char** argv) {
   };
   if (const auto rc = examples::cli::command_line(argc, argv, "llama-serve", usage, on, check)) return *rc;
   try {
-    using engine = llama::llama_engine<float, loom::comm::thread_comm>;
+    model.use_mpi_world();
+    // Under mpirun rank 0 prints and serves; the others' output would repeat it.
+    if (examples::mpi_launch_rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;
     llama::config rc;
     rc.dim = 64, rc.hidden_dim = 172, rc.n_layers = 2, rc.n_heads = 4, rc.n_kv_heads = 4, rc.seq_len = 256;
     // --random: byte-level ids 3..258 and one unused id, so that tp 2 and 4 divide the
     // vocabulary (untied: a random tied classifier only repeats its input)
     rc.vocab = 260;
     // The memory plan before any tensor is read: a model that does not fit is refused unread.
-    model.plan_memory<engine>("llama-serve", model.config_before_loading(rc), ec);
-    std::optional<llama::flat_weights> w(model.load(rc));
-    const llama::config cfg = w->cfg;
+    const llama::config cfg = model.config_before_loading(rc);
+    model.plan_memory<llama::llama_engine<float, loom::comm::thread_comm>>("llama-serve", cfg, ec);
+    const std::optional<llama::flat_weights> random_weights = model.random ? std::optional(model.load(rc)) : std::nullopt;
     const loom::serve::chat_setup chat = loom::serve::choose_chat_template(template_flag, cfg.model_type, model.tokenizer, model.checkpoint);
     std::optional<loom::data::any_tokenizer> tok;
     if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, chat.specials, cfg.vocab));
@@ -164,17 +170,20 @@ int main(int argc, char** argv) {
       std::printf("llama-serve: LoRA adapter '%s' from %s (r=%d, lora_alpha=%g%s, %s)\n", name.c_str(), dir.c_str(),
                   static_cast<int>(lc.r), lc.lora_alpha, lc.use_rslora ? ", rsLoRA" : "", targets.c_str());
     }
-    llama::run_tensor_ranks(model.tp * model.pp, [&](loom::comm::thread_comm& comm, const std::atomic<bool>& peer_failed) {
+    llama::run_tensor_group("llama-serve", model, [&](auto& comm, const std::atomic<bool>& peer_failed) {
+      using C = std::remove_cvref_t<decltype(comm)>;
+      using engine = llama::llama_engine<float, C>;
       loom::host_memory_resource weights("rank " + std::to_string(comm.rank()) + " weights");
-      loom::comm::mesh<loom::comm::thread_comm> mesh(comm, {1, model.tp, model.pp});
+      loom::comm::mesh<C> mesh(comm, {1, model.tp, model.pp});
+      std::optional<llama::checkpoint_reader> reader;  // open while the engine reads its slice
+      const llama::flat_weights* random = random_weights ? &*random_weights : nullptr;
       if (comm.rank() != 0) {
-        engine eng(*w, mesh, ec, weights);
-        comm.barrier();  // every rank has its slice: rank 0 lets the whole model go
+        engine eng(cfg, mesh, model.slice(reader, random), ec, weights);
+        reader.reset();
         return eng.follow();
       }
-      loom::serve::http_server<engine> server(codec, opt, *w, mesh, ec, weights, std::move(adapters));
-      comm.barrier();
-      w.reset();
+      loom::serve::http_server<engine> server(codec, opt, cfg, mesh, model.slice(reader, random), ec, weights, std::move(adapters));
+      reader.reset();
       const int p = server.start(host, port);
       std::printf("llama-serve: listening on http://%s:%d (model dim=%d layers=%d vocab=%d, KV pool %d blocks of %d, tp %d, pp %d)\n",
                   host.c_str(), p, static_cast<int>(cfg.dim), static_cast<int>(cfg.n_layers), static_cast<int>(cfg.vocab),

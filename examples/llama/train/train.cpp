@@ -2,6 +2,7 @@
 // parameter type; run_rank's instantiations live in train_rank.cpp.
 #include "instantiate.hpp"
 
+#include <common/mpi_launch.hpp>
 #include <loom/comm/fail_fast.hpp>
 #include <llama/generate/llama_loader.hpp>
 #include <loom/core/error.hpp>
@@ -155,17 +156,9 @@ std::string progress_line(const step_record& r, std::int64_t total, bool show_sc
   return buf;
 }
 
-int mpi_launch_size() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
-    if (const char* s = std::getenv(v)) return std::atoi(s);
-  return 0;
-}
+int mpi_launch_size() { return examples::mpi_launch_size(); }
 
-int mpi_launch_rank() {
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"})
-    if (const char* s = std::getenv(v)) return std::atoi(s);
-  return 0;
-}
+int mpi_launch_rank() { return examples::mpi_launch_rank(); }
 
 namespace {
 
@@ -209,12 +202,7 @@ train_result run(const options& given, std::ostream* log) {
     if (log && mpi_launch_rank() == 0) *log << "note: " << w << std::endl;
 #ifdef LOOM_HAS_MPI
   if (mpi_launch_size() > 1) {
-    int init = 0;
-    MPI_Initialized(&init);
-    if (!init) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    }
+    examples::mpi_session mpi;
     train_result r;
     try {
       loom::comm::mpi_comm comm = loom::comm::mpi_comm::world();
@@ -224,7 +212,6 @@ train_result run(const options& given, std::ostream* log) {
       loom::comm::fail("llama-train", e.what());
       throw;
     }
-    if (!init) MPI_Finalize();
     return r;
   }
 #endif

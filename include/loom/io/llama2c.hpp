@@ -11,7 +11,9 @@
 //    shared_classifier, zero padding to 256 bytes; then attention_norm (all layers),
 //    ffn_norm (all layers), norm, tok_embeddings, wq, wk, wv, wo, w1, w2, w3 (all layers
 //    each), and the classifier if not shared.
-// Both come back as a tensor_map with the PyTorch names of llama2.c's model.py
+// llama2c_tensors gives where each tensor lies; read_llama2c reads them all (a tensor_map),
+// llama2c_file any element range of any of them (pread), for a rank that reads only its slice.
+// Both give the PyTorch names of llama2.c's model.py
 // ("tok_embeddings.weight", "layers.3.attention.wq.weight", ..., "output.weight"); matrices
 // are [out, in]. RoPE in these models rotates adjacent pairs (interleaved).
 //
@@ -31,6 +33,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -171,30 +175,34 @@ inline llama2c_config read_llama2c_config(const std::string& path) {
   return c;
 }
 
-/// Reads a legacy or version-1 llama2.c checkpoint.
-inline llama2c_checkpoint read_llama2c(const std::string& path) {
-  const std::vector<char> bytes = detail::read_file_bytes(path);
-  const std::string what = "llama2.c checkpoint '" + path + "'";
-  detail::byte_reader r(bytes, what);
-  llama2c_checkpoint ck;
-  llama2c_config& c = ck.config;
-  detail::read_llama2c_header(r, bytes.size(), what, c);
+/// One tensor of a llama2.c checkpoint: its name (llama2.c's model.py), shape and where its
+/// float32 data start in the file.
+struct llama2c_tensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::uint64_t offset = 0;  ///< bytes from the start of the file
+};
+
+/// Where every tensor of a checkpoint with (checked) config `c` lies, in file order: the one
+/// description of the two formats' orders, which whole-file and range readers both follow.
+inline std::vector<llama2c_tensor> llama2c_tensors(const llama2c_config& c) {
   const std::int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, hd = c.dim / c.n_heads, KD = c.n_kv_heads * hd;
-  auto& T = ck.tensors;
-  auto read = [&](const std::string& name, std::vector<std::int64_t> shape) {
-    named_tensor t;
-    t.shape = std::move(shape);
-    r.floats(t);
-    T.emplace(name, std::move(t));
+  std::vector<llama2c_tensor> out;
+  std::uint64_t at = c.version == 1 ? detail::llama2c_v1_header_bytes : 7 * sizeof(std::int32_t);
+  auto add = [&](const std::string& name, std::vector<std::int64_t> shape) {
+    std::uint64_t n = 1;
+    for (auto e : shape) n *= static_cast<std::uint64_t>(e);
+    out.push_back({name, std::move(shape), at});
+    at += n * 4;
   };
-  auto per_layer = [&](const std::string& kind, std::vector<std::int64_t> shape) {
-    for (int l = 0; l < c.n_layers; ++l) read("layers." + std::to_string(l) + "." + kind, shape);
+  auto per_layer = [&](const std::string& kind, const std::vector<std::int64_t>& shape) {
+    for (int l = 0; l < c.n_layers; ++l) add("layers." + std::to_string(l) + "." + kind, shape);
   };
   if (c.version == 1) {
     per_layer("attention_norm.weight", {D});
     per_layer("ffn_norm.weight", {D});
-    read("norm.weight", {D});
-    read("tok_embeddings.weight", {V, D});
+    add("norm.weight", {D});
+    add("tok_embeddings.weight", {V, D});
     per_layer("attention.wq.weight", {D, D});
     per_layer("attention.wk.weight", {KD, D});
     per_layer("attention.wv.weight", {KD, D});
@@ -203,7 +211,7 @@ inline llama2c_checkpoint read_llama2c(const std::string& path) {
     per_layer("feed_forward.w2.weight", {D, H});
     per_layer("feed_forward.w3.weight", {H, D});
   } else {
-    read("tok_embeddings.weight", {V, D});
+    add("tok_embeddings.weight", {V, D});
     per_layer("attention_norm.weight", {D});
     per_layer("attention.wq.weight", {D, D});
     per_layer("attention.wk.weight", {KD, D});
@@ -213,13 +221,70 @@ inline llama2c_checkpoint read_llama2c(const std::string& path) {
     per_layer("feed_forward.w1.weight", {H, D});
     per_layer("feed_forward.w2.weight", {D, H});
     per_layer("feed_forward.w3.weight", {H, D});
-    read("norm.weight", {D});
-    r.skip(static_cast<std::size_t>(c.seq_len) * static_cast<std::size_t>(hd / 2) * 2 * 4);  // RoPE tables: recomputed
+    add("norm.weight", {D});
+    at += static_cast<std::uint64_t>(c.seq_len) * static_cast<std::uint64_t>(hd / 2) * 2 * 4;  // RoPE tables: recomputed
   }
-  if (!c.shared_classifier) read("output.weight", {V, D});
-  LOOM_CHECK(r.left() == 0, what, ": ", r.left(), " unexpected bytes after the last tensor (wrong format?)");
+  if (!c.shared_classifier) add("output.weight", {V, D});
+  return out;
+}
+
+/// Reads a legacy or version-1 llama2.c checkpoint.
+inline llama2c_checkpoint read_llama2c(const std::string& path) {
+  const std::vector<char> bytes = detail::read_file_bytes(path);
+  const std::string what = "llama2.c checkpoint '" + path + "'";
+  detail::byte_reader r(bytes, what);
+  llama2c_checkpoint ck;
+  // The header check made the file exactly as long as the tensors it describes (and, in a
+  // legacy file, the RoPE tables skipped here), so every tensor below lies inside it.
+  detail::read_llama2c_header(r, bytes.size(), what, ck.config);
+  for (auto& t : llama2c_tensors(ck.config)) {
+    named_tensor n;
+    n.shape = std::move(t.shape);
+    r.seek(static_cast<std::size_t>(t.offset));
+    r.floats(n);
+    ck.tensors.emplace(std::move(t.name), std::move(n));
+  }
   return ck;
 }
+
+/// A llama2.c checkpoint opened for range reads: the header (checked as read_llama2c checks
+/// it, the file's size included), then any elements of any tensor at one pread, so that a rank
+/// reads only its slice of a model and never holds the file.
+class llama2c_file {
+ public:
+  explicit llama2c_file(const std::string& path)
+      : what_("llama2.c checkpoint '" + path + "'"), config_(read_llama2c_config(path)), file_(detail::file_handle::open(path, what_)) {
+    for (auto& t : llama2c_tensors(config_)) tensors_.emplace(t.name, std::move(t));
+  }
+  const llama2c_config& config() const noexcept { return config_; }
+  /// Tensor `name`, or nullptr when the checkpoint has none of that name.
+  const llama2c_tensor* find(const std::string& name) const {
+    const auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : &it->second;
+  }
+  /// Elements [first, first + out.size()) of tensor `name` (row-major): only those bytes are read.
+  void read(const std::string& name, std::uint64_t first, std::span<float> out) const {
+    const llama2c_tensor* t = find(name);
+    LOOM_CHECK(t, what_, ": no tensor '", name.substr(0, 128), "'");
+    std::uint64_t n = 1;
+    for (auto e : t->shape) n *= static_cast<std::uint64_t>(e);
+    LOOM_CHECK(first <= n && out.size() <= n - first, what_, ": tensor '", name, "' has ", n, " elements; asked for [", first,
+               ", ", first + out.size(), ")");
+    const std::uint64_t want = out.size() * 4;
+    const std::uint64_t got = file_->read_at(reinterpret_cast<char*>(out.data()), want, t->offset + first * 4);
+    LOOM_CHECK(got == want, what_, ": tensor '", name, "' could not be read (the file changed since its header was checked?)");
+    bytes_read_ += want;
+  }
+  /// Tensor bytes read so far.
+  std::uint64_t bytes_read() const noexcept { return bytes_read_; }
+
+ private:
+  std::string what_;
+  llama2c_config config_;
+  std::shared_ptr<detail::file_handle> file_;
+  std::map<std::string, llama2c_tensor> tensors_;
+  mutable std::uint64_t bytes_read_ = 0;
+};
 
 /// llama2.c's BPE tokenizer (tokenizer.bin).
 class llama2c_tokenizer {

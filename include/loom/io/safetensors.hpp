@@ -22,9 +22,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -67,15 +64,7 @@ struct safetensors_entry {
 struct safetensors_index {
   /// The open file, shared by copies of the index (closed with the last one), so that range
   /// reads cost one pread each, not an open.
-  struct file_handle {
-    int fd = -1;
-    file_handle(const file_handle&) = delete;
-    file_handle& operator=(const file_handle&) = delete;
-    explicit file_handle(int f) : fd(f) {}
-    ~file_handle() {
-      if (fd >= 0) ::close(fd);
-    }
-  };
+  using file_handle = detail::file_handle;
   std::string path;
   std::shared_ptr<file_handle> file;  ///< set by read_safetensors_index
   std::uint64_t data_start = 0;  ///< file offset of the data bytes
@@ -200,9 +189,7 @@ inline safetensors_index read_safetensors_index(const std::string& path) {
   f.read(header.data(), static_cast<std::streamsize>(n));
   LOOM_CHECK(f.good(), what, ": cannot read its ", n, "-byte header");
   safetensors_index ix = detail::parse_safetensors_header(path, header, size - 8 - n);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  LOOM_CHECK(fd >= 0, what, ": cannot open it for reading");
-  ix.file = std::make_shared<safetensors_index::file_handle>(fd);
+  ix.file = detail::file_handle::open(path, what);
   return ix;
 }
 
@@ -223,11 +210,7 @@ inline void read_safetensors_range(const safetensors_index& index, const std::st
   const std::uint64_t want = out.size() * es, at = index.data_start + e.begin + first * es;
   std::uint64_t got = 0;
   if (index.file) {
-    while (got < want) {
-      const ::ssize_t n = ::pread(index.file->fd, bytes + got, static_cast<std::size_t>(want - got), static_cast<::off_t>(at + got));
-      if (n <= 0) break;
-      got += static_cast<std::uint64_t>(n);
-    }
+    got = index.file->read_at(bytes, want, at);
   } else {
     std::ifstream f(index.path, std::ios::binary);
     f.seekg(static_cast<std::streamoff>(at));

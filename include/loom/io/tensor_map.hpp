@@ -8,11 +8,15 @@
 #include <loom/core/buffer.hpp>
 #include <loom/core/error.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,6 +55,35 @@ inline std::vector<char> read_file_bytes(const std::string& path, std::size_t li
   LOOM_CHECK(f.good() || size == 0, "cannot read ", size, " bytes of '", path, "'");
   return bytes;
 }
+
+/// A file open for range reads (pread), closed with its owner: a reader of slices opens each
+/// file once and then reads any byte range at one system call, never the whole file.
+struct file_handle {
+  int fd = -1;
+  file_handle(const file_handle&) = delete;
+  file_handle& operator=(const file_handle&) = delete;
+  explicit file_handle(int f) : fd(f) {}
+  /// Opens `path` read-only; a loom::error names `what` when it cannot.
+  static std::shared_ptr<file_handle> open(const std::string& path, const std::string& what) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    LOOM_CHECK(fd >= 0, what, ": cannot open it for reading");
+    return std::make_shared<file_handle>(fd);
+  }
+  ~file_handle() {
+    if (fd >= 0) ::close(fd);
+  }
+  /// Reads up to `n` bytes at file offset `at` into `out`; returns how many (fewer only at the
+  /// end of the file or on an error, which the caller names).
+  std::uint64_t read_at(char* out, std::uint64_t n, std::uint64_t at) const {
+    std::uint64_t got = 0;
+    while (got < n) {
+      const ::ssize_t k = ::pread(fd, out + got, static_cast<std::size_t>(n - got), static_cast<::off_t>(at + got));
+      if (k <= 0) break;
+      got += static_cast<std::uint64_t>(k);
+    }
+    return got;
+  }
+};
 }  // namespace detail
 
 /// The tensor `name` of the given shape; a clear error if it is missing or shaped otherwise.

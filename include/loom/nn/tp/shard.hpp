@@ -13,8 +13,9 @@
 // its own flat buffer (nn/parameters.hpp: what ZeRO partitions and the optimizer steps), and
 // each slot records which rectangle [row0, row0 + rows) x [col0, col0 + cols) of the full
 // [full_rows, full_cols] tensor it holds. From that one description follow: initialisation
-// that gives every shard element the same counter-RNG value as the unsharded model, and
-// consolidation of parameters or gradients back into the single-rank layout.
+// that gives every shard element the same counter-RNG value as the unsharded model,
+// consolidation of parameters or gradients back into the single-rank layout, and a rank's
+// slice read straight from a checkpoint's byte ranges (read_shards).
 
 #include <loom/comm/communicator.hpp>
 #include <loom/core/error.hpp>
@@ -92,6 +93,21 @@ inline void load_shards(const shard_list& shards, std::span<const F> full, std::
                local.size(), ", full ", full.size(), ")");
     for (std::size_t c = 0; c < n; ++c) local[l + c] = static_cast<E>(full[f + c]);
   });
+}
+
+/// local <- this rank's rectangles, each row read from a source of the full tensors:
+/// read(name, first, out) fills `out` with elements [first, first + out.size()) of the full
+/// tensor `name` (row-major), e.g. a byte range of a checkpoint file, so that a rank reads its
+/// slice without the whole model in memory.
+template <class Read>
+inline void read_shards(const shard_list& shards, std::span<float> local, Read read) {
+  for (const shard_desc& d : shards)
+    for (index_t r = 0; r < d.rows; ++r) {
+      const auto l = d.local_offset + static_cast<std::size_t>(r * d.cols), n = static_cast<std::size_t>(d.cols);
+      LOOM_CHECK(l + n <= local.size(), "nn::tp::read_shards: a row of '", d.name, "' is outside the local buffer (",
+                 local.size(), " floats)");
+      read(d.name, static_cast<std::size_t>((d.row0 + r) * d.full_cols + d.col0), local.subspan(l, n));
+    }
 }
 
 /// full's rectangles <- this rank's `local` shards (consolidation).

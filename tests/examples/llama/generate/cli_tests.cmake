@@ -37,6 +37,74 @@ foreach(_run "pp2;1;2" "tp2_pp2;2;2" "pp2_mb3;1;2;--micro-batches;3")
                    -DTP=${_tp} -DPP=${_pp} -P ${PROJECT_SOURCE_DIR}/tests/examples/llama/generate/same_tokens.cmake)
   set_tests_properties(llama_generate_cli_${_name} PROPERTIES TIMEOUT 60)
 endforeach()
+# The same under mpirun: the ranks are its processes (np 2 and 4), each reading only its slice
+# of the checkpoint's files; the oracle is the --tp 1 run of the same test. np 2 (tp 2) on the
+# llama2.c and HF checkpoints of the tests/io/weights fixture (their 2 key/value heads split at
+# most 2 ways) and on the random model; np 4 on an HF LLaMA folder (tp 4), an HF ChatGLM folder
+# and the random model (tp 2 x pp 2). --tp x --pp other than the world's size is refused
+# naming both; a rank that fails ends the job with its rank and error, never a hang.
+if(LOOM_HAS_MPI)
+  set(_mpi ${MPIEXEC_EXECUTABLE} ${LOOM_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG})
+  set(_same ${PROJECT_SOURCE_DIR}/tests/examples/llama/generate/same_tokens.cmake)
+  foreach(_run "2;2;1" "4;2;2")
+    list(POP_FRONT _run _np _tp _pp)
+    add_test(NAME llama_generate_mpi_np${_np}_random
+             COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-generate>;--random;--prompt;1 2 3;--prompt;9 8;--max-new;8;--temperature;0"
+                     -DTP=${_tp} -DPP=${_pp} "-DLAUNCH=${_mpi};${_np}" -P ${_same})
+    set_tests_properties(llama_generate_mpi_np${_np}_random PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2
+                         ENVIRONMENT OPENBLAS_NUM_THREADS=1)
+  endforeach()
+  if(LOOM_HAS_TORCH)  # the fixture's writer is numpy + PyTorch
+    set(_ckpt ${CMAKE_CURRENT_BINARY_DIR}/mpi_checkpoints)
+    add_test(NAME llama_generate_mpi_checkpoints COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/io/weights/make_checkpoints.py ${_ckpt})
+    set_tests_properties(llama_generate_mpi_checkpoints PROPERTIES FIXTURES_SETUP llama_generate_ckpt TIMEOUT 60)
+    foreach(_file a_v1.bin hf)
+      add_test(NAME llama_generate_mpi_np2_${_file}
+               COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-generate>;--checkpoint;${_ckpt}/${_file};--prompt;1 5 7;--prompt;4;--max-new;8;--temperature;0"
+                       -DTP=2 "-DLAUNCH=${_mpi};2" -P ${_same})
+      set_tests_properties(llama_generate_mpi_np2_${_file} PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2 FIXTURES_REQUIRED llama_generate_ckpt
+                           ENVIRONMENT OPENBLAS_NUM_THREADS=1)
+    endforeach()
+  endif()
+  # np 4 on files: HF LLaMA and ChatGLM folders of 4 key/value heads, written by llama-train's
+  # --export-hf after one step (the weights need not be good, only the same for every run).
+  if(LOOM_HAS_JSON)  # llama-train is built
+    foreach(_arch llama chatglm)
+      set(_hf ${CMAKE_CURRENT_BINARY_DIR}/mpi_hf_${_arch})
+      if(_arch STREQUAL "llama")
+        set(_ranks -DTP=4)
+      else()
+        set(_ranks -DTP=2 -DPP=2)
+      endif()
+      add_test(NAME llama_generate_mpi_hf_${_arch}
+               COMMAND $<TARGET_FILE:llama-train> --arch ${_arch} --dim 64 --n-layers 2 --n-heads 4 --n-kv-heads 4 --hidden-dim 128
+                       --vocab 256 --seq 16 --batch 2 --micro-batches 1 --steps 1 --data counting --save ${_hf}-ckpt --export-hf ${_hf})
+      set_tests_properties(llama_generate_mpi_hf_${_arch} PROPERTIES FIXTURES_SETUP llama_generate_hf_${_arch} TIMEOUT 60
+                           ENVIRONMENT OPENBLAS_NUM_THREADS=1)
+      add_test(NAME llama_generate_mpi_np4_${_arch}
+               COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-generate>;--checkpoint;${_hf};--prompt;1 5 7;--prompt;9 9;--max-new;8;--temperature;0"
+                       ${_ranks} "-DLAUNCH=${_mpi};4" -P ${_same})
+      set_tests_properties(llama_generate_mpi_np4_${_arch} PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2
+                           FIXTURES_REQUIRED llama_generate_hf_${_arch} ENVIRONMENT OPENBLAS_NUM_THREADS=1)
+    endforeach()
+  endif()
+  # Launched from a DeepSpeed-format hostfile as llama-train is: 4 slots on localhost, no --oversubscribe.
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/hostfile.slots4 "localhost slots=4\n")
+  set(_hostfile_flags ${LOOM_MPIEXEC_FLAGS})
+  list(REMOVE_ITEM _hostfile_flags --oversubscribe)
+  add_test(NAME llama_generate_mpi_hostfile4
+           COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-generate>;--random;--prompt;5 6 7;--max-new;6;--temperature;0" -DTP=4
+                   "-DLAUNCH=${MPIEXEC_EXECUTABLE};${_hostfile_flags};--hostfile;${CMAKE_CURRENT_BINARY_DIR}/hostfile.slots4;-np;4" -P ${_same})
+  set_tests_properties(llama_generate_mpi_hostfile4 PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2 ENVIRONMENT OPENBLAS_NUM_THREADS=1)
+  add_test(NAME llama_generate_mpi_tp_mismatch COMMAND ${_mpi} 2 $<TARGET_FILE:llama-generate> --random --tp 4)
+  set_tests_properties(llama_generate_mpi_tp_mismatch PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2 PASS_REGULAR_EXPRESSION
+                       "flag --tp 4 but mpirun started 2 processes")
+  add_test(NAME llama_generate_mpi_fault
+           COMMAND bash ${PROJECT_SOURCE_DIR}/tests/comm/fault_run.sh 45 "llama-generate: error: rank 1 of 2: injected fault" --
+                   ${_mpi} 2 $<TARGET_FILE:llama-generate> --random --max-new 4)
+  set_tests_properties(llama_generate_mpi_fault PROPERTIES TIMEOUT 60 LABELS "mpi;fault" PROCESSORS 2
+                       ENVIRONMENT "LOOM_FAULT_INJECT=1:0:throw;LOOM_COMM_TIMEOUT=5;OPENBLAS_NUM_THREADS=1")
+endif()
 # Bad --tp values are named: zero, not a number, one that does not divide the heads (4).
 add_test(NAME llama_generate_cli_tp_zero COMMAND llama-generate --random --tp 0)
 set_tests_properties(llama_generate_cli_tp_zero PROPERTIES PASS_REGULAR_EXPRESSION "flag --tp must be in \\[1, 1024\\], got 0" TIMEOUT 30)

@@ -3,6 +3,8 @@
 # generated-token lines ("[i]  ids") and each reports its ranks ("tp N, pp P"). The one-rank
 # run is the oracle, made on the machine that runs the test (so its kernel, whichever the CPU
 # has, decides both).
+# LAUNCH (optional, a ;-list): what starts the split run, e.g. "mpiexec;-n;2;--oversubscribe":
+# its ranks are then mpirun's processes, not threads.
 if(NOT DEFINED TP)
   set(TP 1)
 endif()
@@ -10,15 +12,17 @@ if(NOT DEFINED PP)
   set(PP 1)
 endif()
 foreach(run oracle split)
+  set(launch "")
   if(run STREQUAL "oracle")
     set(ranks 1 1)
   else()
     set(ranks ${TP} ${PP})
+    set(launch ${LAUNCH})
   endif()
   list(GET ranks 0 tp)
   list(GET ranks 1 pp)
-  execute_process(COMMAND ${CMD} --tp ${tp} --pp ${pp} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
-  message("--tp ${tp} --pp ${pp}:\n${out}${err}")
+  execute_process(COMMAND ${launch} ${CMD} --tp ${tp} --pp ${pp} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  message("${launch} --tp ${tp} --pp ${pp}:\n${out}${err}")
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "the --tp ${tp} --pp ${pp} run exited with ${rc}")
   endif()

@@ -42,3 +42,15 @@ set_tests_properties(llama_serve_cli_pp_split PROPERTIES
                      PASS_REGULAR_EXPRESSION "flag --pp 3 cannot split this model: .*n_layers \\(2\\) must be >= pp \\(3\\)" TIMEOUT 30)
 add_test(NAME llama_serve_cli_lora_pp COMMAND llama-serve --random --pp 2 --lora sql=/nonexistent/sql-lora --port 1)
 set_tests_properties(llama_serve_cli_lora_pp PROPERTIES PASS_REGULAR_EXPRESSION "flag --lora needs --tp 1 --pp 1 .*got --tp 1 --pp 2" TIMEOUT 30)
+# Under mpirun (np 2: tp 2; np 4: tp 2 x pp 2) the server runs on process 0 and the others
+# follow: greedy answers equal a --tp 1 --pp 1 server's (started by the same test), and SIGTERM
+# ends every process.
+if(LOOM_HAS_MPI)
+  foreach(_run "2;1" "4;2")
+    list(POP_FRONT _run _np _pp)
+    add_test(NAME llama_serve_mpi_np${_np}
+             COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/examples/llama/serve/same_answers.py ${MPIEXEC_EXECUTABLE}
+                     ${LOOM_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} ${_np} -- $<TARGET_FILE:llama-serve> --random --pp ${_pp})
+    set_tests_properties(llama_serve_mpi_np${_np} PROPERTIES TIMEOUT 90 LABELS mpi PROCESSORS 2 ENVIRONMENT OPENBLAS_NUM_THREADS=1)
+  endforeach()
+endif()
