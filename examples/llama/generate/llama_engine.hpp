@@ -141,7 +141,6 @@ class llama_paged {
   llama_paged(const flat_weights& full, loom::comm::mesh<C>& mesh, loom::memory_resource& mr, std::int32_t micro_batches = 0,
               std::vector<served_adapter> adapters = {})
       : llama_paged(full.cfg, mesh, slice_from(full), mr, micro_batches, std::move(adapters)) {}
-  }
   llama_paged(const llama_paged&) = delete;  // holds a pointer to its own communicator at tp = 1
   llama_paged& operator=(const llama_paged&) = delete;
 
