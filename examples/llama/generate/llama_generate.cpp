@@ -8,7 +8,9 @@
 #include <tokenizer_file.hpp>
 
 #include <loom/comm/fault_inject.hpp>
+#include <loom/comm/timed.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -118,10 +120,13 @@ int main(int argc, char** argv) {
       reqs.push_back(std::move(r));
     }
     llama::run_tensor_group("llama-generate", model, [&](auto& comm, const std::atomic<bool>&) {
-      using C = std::remove_cvref_t<decltype(comm)>;
+      // The engine's collectives and transfers go through a timed communicator: rank 0 reports
+      // the share of its generation time spent in them (waiting for peers included).
+      using C = loom::comm::timed<std::remove_cvref_t<decltype(comm)>>;
       using engine = llama::llama_engine<float, C>;
       loom::host_memory_resource weights("rank " + std::to_string(comm.rank()) + " weights");
-      loom::comm::mesh<C> mesh(comm, {1, model.tp, model.pp});
+      C timed(comm.split(0, comm.rank()));
+      loom::comm::mesh<C> mesh(timed, {1, model.tp, model.pp});
       std::optional<llama::checkpoint_reader> reader;  // open while the engine reads its slice
       engine eng(c, mesh, model.slice(reader, random_weights ? &*random_weights : nullptr), ec, weights);
       reader.reset();
@@ -129,9 +134,12 @@ int main(int argc, char** argv) {
       if (comm.rank() != 0) return eng.follow();
       std::printf("rank 0 of %d holds weights %zu + KV pool %zu + workspace %zu bytes\n", comm.size(), weights.current_bytes(),
                   eng.kv_bytes(), eng.workspace_bytes());
+      timed.clock().reset();
       const auto t0 = std::chrono::steady_clock::now();
       auto out = eng.generate(reqs);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double comm_s = timed.clock().seconds();
+      const std::uint64_t comm_calls = timed.clock().calls();
       eng.stop_followers();
       std::size_t generated = 0;
       for (auto& r : reqs) {
@@ -150,6 +158,9 @@ int main(int argc, char** argv) {
       std::printf("%zu prompts, %zu tokens generated in %.3f s (%.1f tokens/s), %lld engine steps, KV pool %.1f MiB per rank, tp %d, pp %d\n",
                   prompts.size(), generated, s, generated / s, static_cast<long long>(eng.steps()), eng.kv_bytes() / 1048576.0,
                   model.tp, model.pp);
+      std::printf("rank 0: %.3f ms per engine step; in communication %.3f s of %.3f s (%.1f%%, %llu calls)\n",
+                  1e3 * s / static_cast<double>(std::max<std::int64_t>(eng.steps(), 1)), comm_s, s, 100.0 * comm_s / s,
+                  static_cast<unsigned long long>(comm_calls));
     });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llama-generate: %s\n", e.what());
