@@ -34,20 +34,22 @@ import numpy as np
 DIM, HIDDEN, LAYERS, HEADS, SEQ = 288, 768, 6, 6, 256
 
 
-def write_checkpoint(path, vocab, seed):
+def write_checkpoint(path, vocab, seed, dim=DIM, hidden=HIDDEN, layers=LAYERS, heads=HEADS, seq=SEQ):
+    """A random legacy llama2.c checkpoint (tied classifier, n_kv_heads = heads) of the given
+    shape (stories15M's by default); benchmarks/decode/parallel_generate.py uses it too."""
     rng = np.random.default_rng(seed)
     f = lambda *s, sc: (rng.standard_normal(s) * sc).astype("<f4")
     norm = lambda *s: rng.uniform(0.8, 1.2, s).astype("<f4")
-    emb = f(vocab, DIM, sc=0.02)  # small next to the blocks' outputs: a tied model that does not just repeat its input
+    emb = f(vocab, dim, sc=0.02)  # small next to the blocks' outputs: a tied model that does not just repeat its input
     emb[1] = 0  # BOS never wins the argmax (run.c stops at a generated BOS)
-    sd, sh = DIM ** -0.5, HIDDEN ** -0.5
-    hd = DIM // HEADS
+    sd, sh = dim ** -0.5, hidden ** -0.5
+    hd = dim // heads
     with open(path, "wb") as fh:
-        fh.write(struct.pack("7i", DIM, HIDDEN, LAYERS, HEADS, HEADS, vocab, SEQ))  # vocab > 0: tied classifier
-        tensors = [emb, norm(LAYERS, DIM), f(LAYERS, DIM, DIM, sc=sd), f(LAYERS, DIM, DIM, sc=sd),
-                   f(LAYERS, DIM, DIM, sc=sd), f(LAYERS, DIM, DIM, sc=sd), norm(LAYERS, DIM),
-                   f(LAYERS, HIDDEN, DIM, sc=sd), f(LAYERS, DIM, HIDDEN, sc=sh), f(LAYERS, HIDDEN, DIM, sc=sd),
-                   norm(DIM), np.zeros((2, SEQ, hd // 2), "<f4")]  # legacy files carry a RoPE table nobody reads
+        fh.write(struct.pack("7i", dim, hidden, layers, heads, heads, vocab, seq))  # vocab > 0: tied classifier
+        tensors = [emb, norm(layers, dim), f(layers, dim, dim, sc=sd), f(layers, dim, dim, sc=sd),
+                   f(layers, dim, dim, sc=sd), f(layers, dim, dim, sc=sd), norm(layers, dim),
+                   f(layers, hidden, dim, sc=sd), f(layers, dim, hidden, sc=sh), f(layers, hidden, dim, sc=sd),
+                   norm(dim), np.zeros((2, seq, hd // 2), "<f4")]  # legacy files carry a RoPE table nobody reads
         for t in tensors:
             fh.write(np.ascontiguousarray(t).tobytes())
 
