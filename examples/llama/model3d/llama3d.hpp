@@ -385,6 +385,8 @@ class stage_model {
   std::size_t units() const noexcept { return layers_.layout.units(); }
   std::vector<std::size_t> forward_units() const { return layers_.forward_units(); }
   std::vector<std::size_t> backward_units() const { return layers_.backward_units(); }
+  /// The unit of this stage's block l (0 <= l < layers().layers()).
+  std::size_t unit_of_block(index_t l) const noexcept { return block_unit(l); }
   /// Layers read their parameters from `src` (a ZeRO-3 gatherer) instead of params(); null:
   /// from params() again. Only between passes.
   void set_param_source(param_source<P>* src) noexcept { src_ = src; }
