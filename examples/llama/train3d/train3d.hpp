@@ -638,9 +638,6 @@ class trainer {
     LOOM_CHECK(!cfg.qkv_bias, "llama3d: lora_base=", b, " holds bias-free projections only; this model has qkv_bias=1");
     LOOM_CHECK(opt_.mesh.tp <= cfg.n_kv_heads, "llama3d: lora_base=", b, " with n_kv_heads (", cfg.n_kv_heads,
                ") < tp (", opt_.mesh.tp, "): replicated key/value heads sum weight gradients a frozen base has none of");
-    for (const std::string& mod : opt_.lora->target_modules)
-      LOOM_CHECK(mod != "query_key_value" && mod != "dense_h_to_4h", "llama3d: lora_base=", b, ": target module '", mod,
-                 "' is a fused tensor, which the unmerged path does not split into its parts' adapters; use lora_base=fp32");
   }
   // Each projection shard of chunk ck (chunk index c) quantised from its initial values into a
   // frozen op behind its layer, the targets' adapters attached; the adapters' step copy
@@ -699,9 +696,14 @@ class trainer {
     m.for_each_frozen_linear([&](std::size_t offset, loom::nn::linear<T>& l) {
       l.set_frozen(ck.projections[shard_at([&](const tp::shard_desc& s) { return s.local_offset == offset; })].get());
     });
+    // a fused target (query_key_value, dense_h_to_4h) has a shard per part (q/k/v, gate/up), each
+    // its own op: all take the tensor's adapter, each with its rows of B (PEFT's one LoRA per
+    // fused module: one A, B over the fused rows)
     for (const auto& it : ck.lora->items())
-      ck.projections[shard_at([&](const tp::shard_desc& s) { return s.name == it.name + ".weight"; })]->attach(
-          &it.ad, it.unit, &ck.live_state, it.name);
+      for (std::size_t k = 0; k < fs.size(); ++k)
+        if (fs[k].name == it.name + ".weight")
+          ck.projections[k]->attach(&it.ad, it.unit, &ck.live_state, it.name,
+                                    static_cast<index_t>((fs[k].local_offset - it.base_offset) / static_cast<std::size_t>(it.cols)));
     ck.live = loom::buffer<P>(ck.lora->layout().size(), *mr_);
   }
   // An fp32 base with lora_dropout > 0 (no merged weight expresses a mask on the LoRA branch

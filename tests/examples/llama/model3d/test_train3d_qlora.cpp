@@ -103,8 +103,10 @@ qlora_result qlora_run(const llama::config& cfg, const llama3d::train_options& o
 }
 
 // The oracle: one rank, fp32 base merged each step, its projections := q.base.
-qlora_result merged_oracle(const llama::config& cfg, const qlora_result& q, int n) {
+qlora_result merged_oracle(const llama::config& cfg, const qlora_result& q, int n,
+                           const loom::lora::config& adapters = qlora_adapters()) {
   auto o = qlora_options({1, 1, 1}, 0, llama3d::lora_base::fp32);
+  o.lora = adapters;
   qlora_result out;
   double moved = 0;
   loom::comm::run_ranks(1, [&](thread_comm& world) {
@@ -150,6 +152,23 @@ TEST_CASE("QLoRA: the unmerged NF4 / bf16 path on (1,1,1), (2,2,1) ZeRO-3 and (1
       const qlora_result q = qlora_run(cfg, qlora_options(mz.first, mz.second, base), n);
       check_equal(q, merged_oracle(cfg, q, n));
     }
+  }
+}
+
+TEST_CASE("QLoRA on fused targets (ChatGLM's query_key_value, dense_h_to_4h): NF4 on (1,1,1) and (2,2,1) ZeRO-3 equals the merged fp32 path") {
+  auto glm = llama::config::chatglm();
+  glm.dim = 16, glm.n_layers = 2, glm.n_heads = 4, glm.n_kv_heads = 2, glm.hidden_dim = 32, glm.vocab = 32, glm.seq_len = 8;
+  glm.qkv_bias = false;  // biased projections under a quantised base are refused (below)
+  auto lc = qlora_adapters();
+  lc.target_modules = {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"};
+  constexpr int n = 4;
+  for (const auto& mz : std::vector<std::pair<loom::comm::mesh_shape, int>>{{{1, 1, 1}, 0}, {{2, 2, 1}, 3}}) {
+    const std::string what = "(" + std::to_string(mz.first.dp) + "," + std::to_string(mz.first.tp) + ",1)";
+    CAPTURE(what);
+    auto o = qlora_options(mz.first, mz.second, llama3d::lora_base::nf4);
+    o.lora = lc;
+    const qlora_result q = qlora_run(glm, o, n);
+    check_equal(q, merged_oracle(glm, q, n, lc));
   }
 }
 
