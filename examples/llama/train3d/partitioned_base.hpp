@@ -15,7 +15,7 @@
 // sched::all_gather_plan over the order the passes use the blocks (prefetch, the live cap,
 // release after the last consecutive use), run by sched::all_gather_scheduler into one arena.
 // ds_config's stage3 knobs count parameters; here they are turned into bytes at the base's
-// bytes per parameter. A projection of at most stage3_param_persistence_threshold parameters
+// bytes per parameter, the live cap bounded by the other ranks' slices. A projection of at most stage3_param_persistence_threshold parameters
 // is not partitioned: its frozen_projection keeps it whole (numel 0 here), as ZeRO-3 keeps
 // small parameters gathered.
 
@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace llama3d {
@@ -55,10 +56,14 @@ class partitioned_base {
       return b >= 1e18 ? std::size_t(1e18) : static_cast<std::size_t>(b);
     };
     opt_.prefetch_numel = in_bytes(stage3.prefetch_numel);
-    // at least the largest block: one block's gather is the least a pass needs
+    // The live cap: no more than the other ranks' slices, since a window larger than those
+    // would have a rank hold more than the replicated base (the plan gathers a block anew for
+    // each of its non-consecutive uses, so a prefetch bucket larger than the model would hold
+    // some blocks twice); and at least the largest block, the least a pass needs.
     std::size_t largest = 0;
     for (std::size_t l = 0; l < layout_.layers(); ++l) largest = std::max(largest, layout_.layer_padded_numel(l));
-    opt_.max_live_numel = std::max(in_bytes(stage3.max_live_numel), largest);
+    const std::size_t others = layout_.padded_total() - layout_.shard_total();
+    opt_.max_live_numel = std::max(std::min(in_bytes(stage3.max_live_numel), others), largest);
     opt_.persistence_threshold = 0;  // numel 0: kept whole by its op
   }
 
