@@ -635,7 +635,6 @@ class trainer {
                "\"); unfreezing the base needs lora_base=fp32");
     LOOM_CHECK((std::is_same_v<T, float>), "llama3d: lora_base=", b, " dequantises into float GEMMs; the compute type here "
                "has ", sizeof(T) * 8, " bits (use float)");
-    LOOM_CHECK(!cfg.qkv_bias, "llama3d: lora_base=", b, " holds bias-free projections only; this model has qkv_bias=1");
     LOOM_CHECK(opt_.mesh.tp <= cfg.n_kv_heads, "llama3d: lora_base=", b, " with n_kv_heads (", cfg.n_kv_heads,
                ") < tp (", opt_.mesh.tp, "): replicated key/value heads sum weight gradients a frozen base has none of");
   }
