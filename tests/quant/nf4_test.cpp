@@ -210,6 +210,40 @@ TEST_CASE("nf4_matrix: bytes() is the closed form, and what its memory resource 
   CHECK(b.bytes() == 64 * 3 * 2);
 }
 
+TEST_CASE("nf4_matrix / bf16_matrix packed: a view over the packed bytes, moved anywhere, dequantises as the matrix does") {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const index_t rows = 12, cols = 128;
+  std::vector<float> w(static_cast<std::size_t>(rows * cols));
+  for (float& x : w) x = normal(gen);
+  const auto wv = loom::make_view(static_cast<const float*>(w.data()), rows, cols);
+  const auto whole = [&](const auto& m) {
+    std::vector<float> out(w.size());
+    m.dequantize(0, rows, 0, cols, out.data(), cols);
+    return out;
+  };
+  for (const bool dq : {false, true}) {
+    CAPTURE(dq);
+    const quant::nf4_options o{.block_size = 32, .double_quant = dq, .absmax_block_size = 8};
+    const quant::nf4_matrix q(wv, o);
+    // one byte in: the packed form carries no alignment
+    std::vector<std::uint8_t> packed(quant::nf4_bytes(rows, cols, o) + 1);
+    q.pack(std::span<std::uint8_t>(packed).subspan(1));
+    const quant::nf4_view v(rows, cols, o, std::span<const std::uint8_t>(packed).subspan(1));
+    CHECK(v.bytes() == q.bytes());
+    CHECK(whole(v) == whole(q));
+    for (std::size_t b = 0; b < static_cast<std::size_t>(rows * cols / 32); ++b) CHECK(v.block_absmax_of(b) == q.block_absmax_of(b));
+    CHECK_THROWS_WITH_AS(quant::nf4_view(rows, cols, o, std::span<const std::uint8_t>(packed)),
+                         doctest::Contains("packed bytes"), loom::error);
+  }
+  const quant::bf16_matrix b(wv);
+  std::vector<std::uint8_t> packed(b.bytes() + 1);
+  b.pack(std::span<std::uint8_t>(packed).subspan(1));
+  const std::vector<float> bw = whole(b);
+  CHECK(whole(quant::bf16_view(rows, cols, std::span<const std::uint8_t>(packed).subspan(1))) == bw);
+  for (std::size_t i = 0; i < w.size(); ++i) CHECK(bw[i] == static_cast<float>(loom::bfloat16(w[i])));
+}
+
 TEST_CASE("nf4_matrix: bad input is a loom::error naming it") {
   std::vector<float> w(8 * 96, 0.1f);
   CHECK_THROWS_WITH_AS(quant::nf4_matrix(loom::make_view(w.data(), 8, 96)),

@@ -199,7 +199,9 @@ struct stage_layers {
         replicated(pre + "attention_norm.weight", b.attention_norm.weight());
         auto& PL = frozen_projections ? frozen_layout : L;
         auto* psh = frozen_projections ? &frozen_shards : sh;
-        b.attention = loom::nn::attention<T>(PL, pre + "attention", ac, t, psh);
+        // a frozen base held outside keeps its q/k/v biases (ChatGLM) in the flat buffer
+        b.attention = loom::nn::attention<T>(PL, pre + "attention", ac, t, psh, frozen_projections ? &L : nullptr,
+                                             frozen_projections ? sh : nullptr);
         b.ffn_norm = loom::nn::rmsnorm<T>(L, pre + "ffn_norm", c.dim, eps);
         replicated(pre + "ffn_norm.weight", b.ffn_norm.weight());
         b.feed_forward = loom::nn::swiglu_mlp<T>(PL, pre + "feed_forward", c.dim, c.hidden_dim, t, psh, c.fused_gate_up);
@@ -385,6 +387,8 @@ class stage_model {
   std::size_t units() const noexcept { return layers_.layout.units(); }
   std::vector<std::size_t> forward_units() const { return layers_.forward_units(); }
   std::vector<std::size_t> backward_units() const { return layers_.backward_units(); }
+  /// The unit of this stage's block l (0 <= l < layers().layers()).
+  std::size_t unit_of_block(index_t l) const noexcept { return block_unit(l); }
   /// Layers read their parameters from `src` (a ZeRO-3 gatherer) instead of params(); null:
   /// from params() again. Only between passes.
   void set_param_source(param_source<P>* src) noexcept { src_ = src; }

@@ -231,8 +231,10 @@ class stage_lora {
 
 /// One projection of a frozen base, and the LoRA adapter on it if it is a target: the
 /// nn::frozen_op behind the model's linear layer. The weight is either quantised once from
-/// this rank's shard (QLoRA: lora_base bf16 / nf4) or resident: the fp32 base's own slot in the
-/// model's flat buffer (lora_base fp32 with lora_dropout > 0, which cannot run merged).
+/// this rank's shard (QLoRA: lora_base bf16 / nf4), its packed bytes held here or, under
+/// ZeRO-3, partitioned over dp and read from the block's gathered copy during each use
+/// (partitioned_base.hpp); or resident: the fp32 base's own slot in the model's flat buffer
+/// (lora_base fp32 with lora_dropout > 0, which cannot run merged).
 ///   forward   y = x W^T + s (u A^T) B^T,            u = dropout(x)
 ///   backward  dx (+)= dy W + s ((dy B) A) * mask,  dA += s (dy B)^T u,  dB += s dy^T (u A^T),
 ///             and, resident with a weight gradient wanted (an unfrozen base), dW += dy^T x
@@ -258,44 +260,72 @@ class frozen_projection final : public loom::nn::frozen_op<T> {
     bool training = true;  ///< false: evaluation, no dropout (PEFT's eval mode)
   };
 
-  /// A quantised copy of w (bf16 or nf4).
+  /// A quantised copy of w (bf16 or nf4), held by this op (the base replicated over dp).
   frozen_projection(lora_base kind, loom::tensor_view<const float, loom::host, 2> w, const loom::quant::nf4_options& o,
                     loom::memory_resource& mr)
-      : kind_(kind), nf4_(o), mr_(&mr) {
+      : kind_(kind), nf4_(o), mr_(&mr), rows_(w.extent(0)), cols_(w.extent(1)) {
     set_weight(w);
+  }
+  /// A quantised weight [rows, cols] this op does not hold: its packed bytes are partitioned
+  /// over dp (ZeRO-3) and the trainer points the op at them while they are gathered (use_bytes).
+  frozen_projection(lora_base kind, index_t rows, index_t cols, const loom::quant::nf4_options& o)
+      : kind_(kind), nf4_(o), rows_(rows), cols_(cols) {
+    LOOM_CHECK(kind != lora_base::fp32, "llama3d::frozen_projection: lora_base fp32 keeps the base in the model's buffer");
   }
   /// The resident fp32 weight [rows, cols] at `offset` in the model's flat `params`; its
   /// gradient added at the same offset of `grads` (empty: none wanted, the base is frozen).
   frozen_projection(std::span<P> params, std::span<T> grads, std::size_t offset, index_t rows, index_t cols)
-      : kind_(lora_base::fp32), params_(params), grads_(grads), slot_{offset, {rows, cols}} {
+      : kind_(lora_base::fp32), rows_(rows), cols_(cols), params_(params), grads_(grads), slot_{offset, {rows, cols}} {
     LOOM_CHECK(offset + static_cast<std::size_t>(rows * cols) <= params.size(), "llama3d::frozen_projection: [", rows, ", ",
                cols, "] at ", offset, " is past the model's ", params.size(), " parameters");
   }
-  /// (Re)quantises the weight from fp32 values (a pretrained base read in).
-  void set_weight(loom::tensor_view<const float, loom::host, 2> w) {
-    LOOM_CHECK(kind_ != lora_base::fp32, "llama3d::frozen_projection: lora_base fp32 keeps the base in the model's buffer");
-    if (kind_ == lora_base::nf4) w_ = loom::quant::nf4_matrix(w, nf4_, *mr_);
-    else w_ = loom::quant::bf16_matrix(w, *mr_);
+  /// The packed bytes of a quantised [rows, cols] (quant::nf4_view / bf16_view: what one
+  /// all-gather moves when the base is partitioned).
+  static std::size_t packed_bytes(lora_base kind, index_t rows, index_t cols, const loom::quant::nf4_options& o) {
+    return kind == lora_base::nf4 ? loom::quant::nf4_bytes(rows, cols, o) : static_cast<std::size_t>(rows * cols) * 2;
   }
+  /// w quantised (bf16 or nf4) into its packed bytes `out`.
+  static void pack(lora_base kind, loom::tensor_view<const float, loom::host, 2> w, const loom::quant::nf4_options& o,
+                   std::span<std::uint8_t> out) {
+    if (kind == lora_base::nf4) loom::quant::nf4_matrix(w, o).pack(out);
+    else loom::quant::bf16_matrix(w).pack(out);
+  }
+  /// (Re)quantises the weight this op holds from fp32 values (a pretrained base read in).
+  void set_weight(loom::tensor_view<const float, loom::host, 2> w) {
+    LOOM_CHECK(kind_ != lora_base::fp32 && mr_, "llama3d::frozen_projection: the weight is not held here (lora_base ",
+               to_string(kind_), mr_ ? ")" : ", partitioned over dp)");
+    LOOM_CHECK(w.extent(0) == rows_ && w.extent(1) == cols_, "llama3d::frozen_projection: a [", w.extent(0), ", ", w.extent(1),
+               "] weight for a [", rows_, ", ", cols_, "] projection");
+    own_ = loom::buffer<std::uint8_t>(packed_bytes(kind_, rows_, cols_, nf4_), *mr_);
+    pack(kind_, w, nf4_, own_.span());
+    use_bytes(own_.span());
+  }
+  /// Reads the weight from packed bytes (its own, or a gathered copy while it is gathered);
+  /// empty: none (a partitioned weight between its uses).
+  void use_bytes(std::span<const std::uint8_t> packed) {
+    if (packed.empty()) w_ = std::monostate{};
+    else if (kind_ == lora_base::nf4) w_ = loom::quant::nf4_view(rows_, cols_, nf4_, packed);
+    else w_ = loom::quant::bf16_view(rows_, cols_, packed);
+  }
+  /// Whether this op holds its weight (false: partitioned over dp, or resident fp32).
+  bool holds_weight() const noexcept { return !own_.empty(); }
+  index_t rows() const noexcept { return rows_; }
+  index_t cols() const noexcept { return cols_; }
   /// The adapter `ad` (named `name`, for its dropout's stream) in unit `unit`; b_row0: where
   /// this layer's rows start in ad's B (a part of a fused tensor; 0 otherwise).
   void attach(const loom::lora::adapter<T>* ad, std::size_t unit, const adapter_state* st, std::string name = {},
               index_t b_row0 = 0) {
     ad_ = ad, unit_ = unit, st_ = st, name_ = std::move(name), b_row0_ = b_row0;
   }
-  /// Bytes the quantised weight holds (its memory resource's share; 0 resident).
-  std::size_t bytes() const {
-    if (kind_ == lora_base::fp32) return 0;
-    return std::visit([](const auto& w) { return w.bytes(); }, w_);
-  }
-  /// W dequantised whole (tests).
+  /// Bytes the quantised weight this op holds takes (its memory resource's share; 0 resident
+  /// or partitioned).
+  std::size_t bytes() const noexcept { return own_.bytes(); }
+  /// W dequantised whole (tests): from the bytes it reads now.
   std::vector<float> dequantized() const {
     LOOM_CHECK(kind_ != lora_base::fp32, "llama3d::frozen_projection: a resident fp32 weight is the model's own");
-    return std::visit([](const auto& w) {
-      std::vector<float> out(static_cast<std::size_t>(w.rows() * w.cols()));
-      w.dequantize(0, w.rows(), 0, w.cols(), out.data(), w.cols());
-      return out;
-    }, w_);
+    std::vector<float> out(static_cast<std::size_t>(rows_ * cols_));
+    visit_weight([&](const auto& w) { w.dequantize(0, rows_, 0, cols_, out.data(), cols_); });
+    return out;
   }
 
   void forward(loom::tensor_view<const T, loom::host, 2> x, loom::tensor_view<T, loom::host, 2> y,
@@ -303,7 +333,7 @@ class frozen_projection final : public loom::nn::frozen_op<T> {
     if (kind_ == lora_base::fp32) {
       loom::ops::gemm(loom::host{}, x, loom::nn::weights_as<T>(slot_, params_, ws).transpose(0, 1), y);
     } else if constexpr (std::is_same_v<T, float>) {
-      std::visit([&](const auto& w) { loom::quant::dequant_gemm_forward(loom::host{}, x, w, y, 0.f); }, w_);
+      visit_weight([&](const auto& w) { loom::quant::dequant_gemm_forward(loom::host{}, x, w, y, 0.f); });
     } else {
       LOOM_THROW("llama3d::frozen_projection: a quantised base computes in float, not in ", sizeof(T) * 8, "-bit floats");
     }
@@ -317,7 +347,7 @@ class frozen_projection final : public loom::nn::frozen_op<T> {
       if (!grads_.empty()) loom::ops::gemm(loom::host{}, dy.transpose(0, 1), x, slot_.in(grads_), T(1), T(1));
     } else if constexpr (std::is_same_v<T, float>) {
       if (!dx.empty())
-        std::visit([&](const auto& w) { loom::quant::dequant_gemm_backward(loom::host{}, dy, w, dx, beta); }, w_);
+        visit_weight([&](const auto& w) { loom::quant::dequant_gemm_backward(loom::host{}, dy, w, dx, beta); });
     } else {
       LOOM_THROW("llama3d::frozen_projection: a quantised base computes in float, not in ", sizeof(T) * 8, "-bit floats");
     }
@@ -327,6 +357,14 @@ class frozen_projection final : public loom::nn::frozen_op<T> {
   }
 
  private:
+  // f(view) over the quantised weight's bytes; refused between the uses of a partitioned one
+  template <class F>
+  void visit_weight(F&& f) const {
+    LOOM_CHECK(w_.index() != 0, "llama3d::frozen_projection: the [", rows_, ", ", cols_,
+               "] weight is partitioned over dp and not gathered now (a pass outside its block's acquire)");
+    if (const auto* n = std::get_if<loom::quant::nf4_view>(&w_)) f(*n);
+    else f(std::get<loom::quant::bf16_view>(w_));
+  }
   std::span<P> params() const { return st_->layout->unit(st_->params, unit_); }
   loom::lora::dropout mask_of() const {
     if (!st_->training || st_->dropout == 0.0) return {};
@@ -335,8 +373,10 @@ class frozen_projection final : public loom::nn::frozen_op<T> {
 
   lora_base kind_;
   loom::quant::nf4_options nf4_;
-  loom::memory_resource* mr_ = nullptr;
-  std::variant<loom::quant::nf4_matrix, loom::quant::bf16_matrix> w_;
+  loom::memory_resource* mr_ = nullptr;  // where a weight held here lives (none: partitioned)
+  index_t rows_ = 0, cols_ = 0;
+  loom::buffer<std::uint8_t> own_;  // the packed weight, when held here
+  std::variant<std::monostate, loom::quant::nf4_view, loom::quant::bf16_view> w_;  // what the GEMMs read
   std::span<P> params_;  // resident: the model's parameters and gradients
   std::span<T> grads_;
   loom::nn::param_slot<2> slot_{};

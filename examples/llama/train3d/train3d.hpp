@@ -71,6 +71,11 @@
 // the engine (unit by unit, the same trace as merging), the passes add the adapters' gradients
 // straight into the engine's accumulation buffer, and afterwards the replicated factor's
 // gradient is summed over the tensor group. Nothing of the base trains (no unfreezing).
+// Under ZeRO-3 the quantised base is partitioned over dp as ZeRO-3 partitions parameters: each
+// rank keeps 1/dp of every projection's packed bytes, and the model reads its units through a
+// param_source (base_source) that all-gathers a block's bytes around each use of the block,
+// forward, backward and recompute, with the library's all-gather plan and scheduler over the
+// passes' order of blocks (partitioned_base.hpp). ZeRO 0-2 keep it whole on every rank.
 // LoRA dropout (lora_dropout > 0): a merged weight cannot mask the LoRA branch alone, so an
 // fp32 base runs unmerged the same way, a frozen_projection over each adapted layer's own
 // slot in the model's buffer (no W0 copy; dW only when an engine trains the base). Each pass
@@ -79,6 +84,7 @@
 // on the mesh and a recompute under checkpointing draws the forward's; evaluation: none.
 
 #include "lora3d.hpp"
+#include "partitioned_base.hpp"
 
 #include <llama/model3d/llama3d.hpp>
 
@@ -210,6 +216,27 @@ class trainer {
   struct counted_range {
     std::size_t offset, numel, group;
   };
+  struct chunk_state;
+  // ZeRO-3 with a quantised base: every unit from the model's own buffers, and around each use
+  // of a block its projections' packed bytes gathered over dp (partitioned_base), the frozen
+  // ops pointed at them for the use.
+  struct base_source final : param_source<P> {
+    chunk_state* ck = nullptr;
+    std::span<P> acquire(std::size_t unit) override {
+      if (const std::ptrdiff_t b = ck->unit_block[unit]; b >= 0) {
+        ck->qbase->acquire(static_cast<std::size_t>(b));
+        for (const std::size_t p : ck->block_projections[static_cast<std::size_t>(b)])
+          ck->projections[p]->use_bytes(ck->qbase->bytes(p));
+      }
+      return ck->model->layout().unit(ck->model->params(), unit);
+    }
+    void release(std::size_t unit) override {
+      if (const std::ptrdiff_t b = ck->unit_block[unit]; b >= 0) {
+        for (const std::size_t p : ck->block_projections[static_cast<std::size_t>(b)]) ck->projections[p]->use_bytes({});
+        ck->qbase->release(static_cast<std::size_t>(b));
+      }
+    }
+  };
   // One model chunk of this rank (virtual stage chunk * pp + stage) with its ZeRO engine.
   struct chunk_state {
     std::unique_ptr<stage_model<P, T, C>> model;
@@ -226,6 +253,14 @@ class trainer {
     loom::buffer<P> live;
     typename frozen_projection<P, T>::adapter_state live_state;
     bool unmerged() const noexcept { return !projections.empty(); }
+    // ZeRO-3 with a quantised base: the projections' bytes partitioned over dp, gathered block
+    // by block in the passes' order (base_trace) through qsource; each unit's block (-1: none)
+    // and each block's partitioned projections
+    std::unique_ptr<partitioned_base<C>> qbase;
+    std::vector<loom::sched::trace_step> base_trace;
+    base_source qsource;
+    std::vector<std::ptrdiff_t> unit_block;
+    std::vector<std::vector<std::size_t>> block_projections;
     // LoRA whose schedule unfreezes base tensors: the base in an engine of its own too
     std::unique_ptr<engine_t> base;
     std::vector<counted_range> base_counted;
@@ -299,13 +334,19 @@ class trainer {
       eval_exec_ = std::make_unique<loom::pipeline::executor<T, C>>(
           loom::pipeline::forward_only(opt_.mesh.pp, opt_.micro_batches, sched_.chunks), mesh_.pp(),
           static_cast<std::size_t>(opt_.micro_batch_size * opt_.seq * model().cfg().dim), *mr_);
-    for (std::size_t c = 0; c < chunks_.size(); ++c)
-      chunks_[c]->zero->set_gather_trace(chunks_[c]->lora ? lora_trace(*chunks_[c]->lora, false)
-                                                          : trace_of(eval_exec_->plan_schedule(), static_cast<int>(c), *chunks_[c]->model, true));
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      auto& ck = *chunks_[c];
+      const auto forward = trace_of(eval_exec_->plan_schedule(), static_cast<int>(c), *ck.model, true);
+      ck.zero->set_gather_trace(ck.lora ? lora_trace(*ck.lora, false) : forward);
+      if (ck.qbase) ck.qbase->set_trace(block_trace(ck, forward));
+    }
     lora_merge();
     stage_adapter run{this, index, 0.0, 0.0, true};
     eval_exec_->run(run);
-    for (auto& ck : chunks_) ck->zero->set_gather_trace(ck->train_trace);
+    for (auto& ck : chunks_) {
+      ck->zero->set_gather_trace(ck->train_trace);
+      if (ck->qbase) ck->qbase->set_trace(ck->base_trace);
+    }
     return global_loss(run.loss);
   }
 
@@ -458,14 +499,37 @@ class trainer {
     auto& ck = *chunks_[static_cast<std::size_t>(c)];
     LOOM_CHECK(k < ck.projections.size(), "llama3d::trainer::set_frozen_weight: projection ", k, " of ",
                ck.projections.size(), " (lora_base=", to_string(opt_.lora_base), ")");
-    ck.projections[k]->set_weight(w);
+    auto& p = *ck.projections[k];
+    if (p.holds_weight()) return p.set_weight(w);
+    LOOM_CHECK(w.extent(0) == p.rows() && w.extent(1) == p.cols(), "llama3d::trainer::set_frozen_weight: a [", w.extent(0), ", ",
+               w.extent(1), "] weight for projection ", k, " of [", p.rows(), ", ", p.cols(), "]");
+    std::vector<std::uint8_t> packed(frozen_projection<P, T>::packed_bytes(opt_.lora_base, p.rows(), p.cols(), opt_.nf4));
+    frozen_projection<P, T>::pack(opt_.lora_base, w, opt_.nf4, packed);
+    ck.qbase->store(k, packed);  // this rank's slice of it
   }
   /// Quantised LoRA base: projection shard k of chunk c (its frozen op).
   const frozen_projection<P, T>& frozen_weight(std::size_t k, int c = 0) const {
     return *chunks_[static_cast<std::size_t>(c)]->projections.at(k);
   }
+  /// Quantised LoRA base: projection shard k of chunk c dequantised whole; collective over dp
+  /// when the base is partitioned (ZeRO-3: its bytes gathered for the call).
+  std::vector<float> frozen_values(std::size_t k, int c = 0) {
+    auto& ck = *chunks_[static_cast<std::size_t>(c)];
+    auto& p = *ck.projections.at(k);
+    if (p.holds_weight()) return p.dequantized();
+    LOOM_CHECK(ck.qbase, "llama3d::trainer::frozen_values: projection ", k, " is not quantised (lora_base=",
+               to_string(opt_.lora_base), ")");
+    const std::vector<std::uint8_t> packed = ck.qbase->gather(k);
+    p.use_bytes(packed);
+    std::vector<float> v = p.dequantized();
+    p.use_bytes({});
+    return v;
+  }
+  /// The partitioned quantised base of chunk c (ZeRO-3 with lora_base bf16 / nf4; null otherwise).
+  const partitioned_base<C>* frozen_partition(int c = 0) const noexcept { return chunks_[static_cast<std::size_t>(c)]->qbase.get(); }
   /// Bytes this rank's quantised projections hold, measured by their memory resource (0 for
-  /// an fp32 base, which is in the model's buffer).
+  /// an fp32 base, which is in the model's buffer): each projection held whole, or, partitioned
+  /// (ZeRO-3), this rank's slices and the gather arena.
   std::size_t frozen_base_bytes() const noexcept { return base_mr_.current_bytes(); }
 
   /// LoRA: this rank's base parameters as frozen (the model's buffer with each adapted weight
@@ -537,7 +601,7 @@ class trainer {
                                                    tp::tp_rank::of(mesh_.tp()), dp_);
     const auto& lo = *ck->lora;
     if (quantised) {
-      quantise_base(*ck);
+      quantise_base(*ck, static_cast<int>(chunks_.size()));
     } else if (opt_.lora->lora_dropout > 0.0) {
       unmerge_base(*ck);
     } else {
@@ -571,24 +635,57 @@ class trainer {
                "\"); unfreezing the base needs lora_base=fp32");
     LOOM_CHECK((std::is_same_v<T, float>), "llama3d: lora_base=", b, " dequantises into float GEMMs; the compute type here "
                "has ", sizeof(T) * 8, " bits (use float)");
-    LOOM_CHECK(!cfg.qkv_bias, "llama3d: lora_base=", b, " holds bias-free projections only; this model has qkv_bias=1");
     LOOM_CHECK(opt_.mesh.tp <= cfg.n_kv_heads, "llama3d: lora_base=", b, " with n_kv_heads (", cfg.n_kv_heads,
                ") < tp (", opt_.mesh.tp, "): replicated key/value heads sum weight gradients a frozen base has none of");
-    for (const std::string& mod : opt_.lora->target_modules)
-      LOOM_CHECK(mod != "query_key_value" && mod != "dense_h_to_4h", "llama3d: lora_base=", b, ": target module '", mod,
-                 "' is a fused tensor, which the unmerged path does not split into its parts' adapters; use lora_base=fp32");
   }
-  // Each projection shard of chunk ck quantised from its initial values into a frozen op behind
-  // its layer, the targets' adapters attached; the adapters' step copy allocated.
-  void quantise_base(chunk_state& ck) {
+  // Each projection shard of chunk ck (chunk index c) quantised from its initial values into a
+  // frozen op behind its layer, the targets' adapters attached; the adapters' step copy
+  // allocated. ZeRO-3: the packed bytes of each projection above the persistence threshold
+  // partitioned over dp (this rank keeps its slice; the op reads the block's gathered copy
+  // during each use of the block), the rest held whole by their ops as under ZeRO 0-2.
+  void quantise_base(chunk_state& ck, int c) {
     auto& m = *ck.model;
     const auto& fs = m.frozen_shards();
+    const bool partition = opt_.zero_stage == 3;
+    std::vector<std::size_t> bytes(fs.size(), 0), block(fs.size());
+    std::size_t params = 0;
+    for (std::size_t k = 0; k < fs.size(); ++k) {
+      const auto& s = fs[k];
+      block[k] = static_cast<std::size_t>(std::stoll(s.name.substr(std::string("layers.").size())) - m.layers().first);
+      if (partition && static_cast<std::size_t>(s.rows * s.cols) > opt_.stage3.persistence_threshold) {
+        bytes[k] = frozen_projection<P, T>::packed_bytes(opt_.lora_base, s.rows, s.cols, opt_.nf4);
+        params += static_cast<std::size_t>(s.rows * s.cols);
+      }
+    }
+    if (partition)
+      ck.qbase = std::make_unique<partitioned_base<C>>(mesh_.dp(), std::span<const std::size_t>(bytes), std::span<const std::size_t>(block),
+                                                       opt_.stage3, params, base_mr_);
     std::vector<float> w;
-    for (const auto& s : fs) {
+    std::vector<std::uint8_t> packed;
+    for (std::size_t k = 0; k < fs.size(); ++k) {
+      const auto& s = fs[k];
       w.resize(static_cast<std::size_t>(s.rows * s.cols));
       m.init_shard(s, std::span<float>(w), opt_.seed);
-      ck.projections.push_back(std::make_unique<frozen_projection<P, T>>(
-          opt_.lora_base, loom::make_view(static_cast<const float*>(w.data()), s.rows, s.cols), opt_.nf4, base_mr_));
+      const auto v = loom::make_view(static_cast<const float*>(w.data()), s.rows, s.cols);
+      if (bytes[k] == 0) {
+        ck.projections.push_back(std::make_unique<frozen_projection<P, T>>(opt_.lora_base, v, opt_.nf4, base_mr_));
+        continue;
+      }
+      ck.projections.push_back(std::make_unique<frozen_projection<P, T>>(opt_.lora_base, s.rows, s.cols, opt_.nf4));
+      packed.resize(bytes[k]);
+      frozen_projection<P, T>::pack(opt_.lora_base, v, opt_.nf4, packed);
+      ck.qbase->store(k, packed);
+    }
+    if (partition) {
+      ck.block_projections.assign(static_cast<std::size_t>(m.layers().layers()), {});
+      for (std::size_t k = 0; k < fs.size(); ++k)
+        if (bytes[k]) ck.block_projections[block[k]].push_back(k);
+      ck.unit_block.assign(m.units(), -1);
+      for (index_t l = 0; l < m.layers().layers(); ++l) ck.unit_block[m.unit_of_block(l)] = l;
+      ck.base_trace = block_trace(ck, trace_of(sched_, c, m, false));
+      ck.qbase->set_trace(ck.base_trace);
+      ck.qsource.ck = &ck;
+      m.set_param_source(&ck.qsource);
     }
     const auto shard_at = [&](auto&& match) {
       for (std::size_t k = 0; k < fs.size(); ++k)
@@ -598,9 +695,14 @@ class trainer {
     m.for_each_frozen_linear([&](std::size_t offset, loom::nn::linear<T>& l) {
       l.set_frozen(ck.projections[shard_at([&](const tp::shard_desc& s) { return s.local_offset == offset; })].get());
     });
+    // a fused target (query_key_value, dense_h_to_4h) has a shard per part (q/k/v, gate/up), each
+    // its own op: all take the tensor's adapter, each with its rows of B (PEFT's one LoRA per
+    // fused module: one A, B over the fused rows)
     for (const auto& it : ck.lora->items())
-      ck.projections[shard_at([&](const tp::shard_desc& s) { return s.name == it.name + ".weight"; })]->attach(
-          &it.ad, it.unit, &ck.live_state, it.name);
+      for (std::size_t k = 0; k < fs.size(); ++k)
+        if (fs[k].name == it.name + ".weight")
+          ck.projections[k]->attach(&it.ad, it.unit, &ck.live_state, it.name,
+                                    static_cast<index_t>((fs[k].local_offset - it.base_offset) / static_cast<std::size_t>(it.cols)));
     ck.live = loom::buffer<P>(ck.lora->layout().size(), *mr_);
   }
   // An fp32 base with lora_dropout > 0 (no merged weight expresses a mask on the LoRA branch
@@ -702,6 +804,14 @@ class trainer {
           if (it.unit == u) it.ad.sum_replicated_grad(mesh_.tp(), L.unit(acc, u));
       ck.zero->release_layer(u);
     }
+  }
+
+  // A trace of chunk ck's units as its partitioned base's: the blocks' uses (stage block indices).
+  static std::vector<loom::sched::trace_step> block_trace(const chunk_state& ck, const std::vector<loom::sched::trace_step>& units) {
+    std::vector<loom::sched::trace_step> t;
+    for (const auto& st : units)
+      if (const std::ptrdiff_t b = ck.unit_block[st.layer]; b >= 0) t.push_back({static_cast<std::size_t>(b), st.phase});
+    return t;
   }
 
   // The order in which chunk c's units are used in one run of schedule s on this stage: each

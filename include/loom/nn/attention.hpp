@@ -127,12 +127,17 @@ class attention {
   /// This rank's part of the layer: t is its place in the tensor group ({0, 1}: the whole
   /// layer); shards, when given, records which rectangle of each full weight it holds.
   /// Biases (c.bias) need tp = 1 (a row-parallel wo bias would be added tp times).
+  /// bias_layout (and bias_shards), when given: where the q/k/v biases are declared (and
+  /// recorded) instead of with the weights -- a frozen base whose weights are held outside the
+  /// flat buffer (quantised) keeps its biases in it.
   attention(param_layout& layout, const std::string& name, const attention_config& c, tp::tp_rank t = {},
-            tp::shard_list* shards = nullptr)
+            tp::shard_list* shards = nullptr, param_layout* bias_layout = nullptr, tp::shard_list* bias_shards = nullptr)
       : cfg_((c.validate(), c)), split_(head_split::make(c, t)) {
     LOOM_CHECK(!c.bias || t.size == 1, "nn::attention: biases need tensor-parallel size 1, got tp=", t.size);
     const index_t hd = c.head_dim(), d = c.dim, qn = split_.heads * hd, kn = split_.kv_heads * hd;
     const bool qkv_bias = c.bias || c.qkv_bias;
+    param_layout& bl = bias_layout ? *bias_layout : layout;
+    tp::shard_list* bsh = bias_layout ? bias_shards : shards;
     // this rank's first Q row and first K (V) row within Q (K, V), and the K (V) rows of the whole layer
     const index_t q0 = split_.first_head * hd, k0 = split_.first_kv_head * hd, kv_rows = c.n_kv_heads * hd;
     const int replica = t.rank % split_.kv_replicas;
@@ -146,7 +151,7 @@ class attention {
       const index_t rows = c.n_heads * hd + 2 * kv_rows;
       const auto w = layout.add(name + ".wqkv.weight", extents<2>{qn + 2 * kn, d});
       std::optional<param_slot<1>> b;
-      if (qkv_bias) b = layout.add(name + ".wqkv.bias", extents<1>{qn + 2 * kn});
+      if (qkv_bias) b = bl.add(name + ".wqkv.bias", extents<1>{qn + 2 * kn});
       const auto view = [&](index_t r0, index_t r) {
         return linear<T>(param_slot<2>{w.offset + static_cast<std::size_t>(r0 * d), {r, d}},
                          b ? std::optional(param_slot<1>{b->offset + static_cast<std::size_t>(r0), {r}}) : std::nullopt);
@@ -155,15 +160,20 @@ class attention {
       const part parts[] = {{"wqkv", &wq_, rows, q0, 0}, {"wqkv", &wk_, rows, c.n_heads * hd + k0, replica},
                             {"wqkv", &wv_, rows, c.n_heads * hd + kv_rows + k0, replica}};
       for (const bool bias : {false, true})  // in the flat buffer's order: the weight's rows, then the bias's
-        for (const part& p : parts) record_projection(shards, name, p.name, *p.layer, p.full_rows, p.row0, p.replica, bias);
+        for (const part& p : parts)
+          record_projection(bias ? bsh : shards, name, p.name, *p.layer, p.full_rows, p.row0, p.replica, bias);
     } else {
-      wq_ = linear<T>(layout, name + ".wq", d, qn, qkv_bias);
-      wk_ = linear<T>(layout, name + ".wk", d, kn, qkv_bias);
-      wv_ = linear<T>(layout, name + ".wv", d, kn, qkv_bias);
+      // each weight followed by its bias in one layout; with a bias layout, the biases there
+      const auto separate = [&](const char* n, index_t out) {
+        if (!bias_layout) return linear<T>(layout, name + "." + n, d, out, qkv_bias);
+        const auto w = layout.add(name + "." + n + ".weight", extents<2>{out, d});
+        return linear<T>(w, qkv_bias ? std::optional(bl.add(name + "." + n + ".bias", extents<1>{out})) : std::nullopt);
+      };
+      wq_ = separate("wq", qn), wk_ = separate("wk", kn), wv_ = separate("wv", kn);
       for (const part& p : {part{"wq", &wq_, c.n_heads * hd, q0, 0}, part{"wk", &wk_, kv_rows, k0, replica},
                             part{"wv", &wv_, kv_rows, k0, replica}})
         for (const bool bias : {false, true})
-          record_projection(shards, name, p.name, *p.layer, p.full_rows, p.row0, p.replica, bias);
+          record_projection(bias ? bsh : shards, name, p.name, *p.layer, p.full_rows, p.row0, p.replica, bias);
     }
     wo_ = linear<T>(layout, name + ".wo", qn, d, c.bias);
     tp::record(shards, name + ".wo.weight", wo_.weight(), d, c.n_heads * hd, 0, split_.first_head * hd);

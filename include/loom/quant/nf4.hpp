@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <loom/core/buffer.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/memory.hpp>
@@ -291,6 +292,98 @@ inline void nf4_expand(nf4_isa isa, const std::uint8_t* q, index_t bytes, const 
 }
 }  // namespace detail
 
+/// An NF4 matrix in bytes it does not own (a frozen_weight): either an nf4_matrix's own fields
+/// (nf4_matrix::view) or its packed form (nf4_matrix::pack): the fields bitsandbytes stores one
+/// after the other -- codes [rows * cols / 2], then the fp32 absmax [blocks], or with double
+/// quantisation the absmax codes [blocks], their fp32 scales and the fp32 offset --
+/// nf4_bytes(rows, cols, options) bytes in all. Why a packed form: a base partitioned over
+/// data-parallel ranks (ZeRO-3) moves a matrix as one run of bytes, one all-gather, and is read
+/// where it landed. The fp32 fields are read with memcpy, so the bytes need no alignment.
+class nf4_view {
+ public:
+  nf4_view() = default;
+  /// Over the fields of an nf4_matrix (absmax and scales as the bytes of their floats).
+  nf4_view(index_t rows, index_t cols, const nf4_options& o, const std::uint8_t* codes, const std::uint8_t* absmax,
+           const std::uint8_t* absmax_codes, const std::uint8_t* absmax_scales, float offset) noexcept
+      : rows_(rows), cols_(cols), opt_(o), codes_(codes), absmax_(absmax), absmax_codes_(absmax_codes),
+        absmax_scales_(absmax_scales), offset_(offset) {}
+  /// Over a packed matrix [rows, cols] of format o (nf4_bytes(rows, cols, o) bytes; a loom::error
+  /// names a size or shape that does not fit).
+  nf4_view(index_t rows, index_t cols, const nf4_options& o, std::span<const std::uint8_t> packed)
+      : rows_(rows), cols_(cols), opt_(o) {
+    LOOM_CHECK(rows > 0 && cols > 0 && o.block_size > 0 && o.block_size % 2 == 0 && cols % o.block_size == 0 &&
+                   (!o.double_quant || o.absmax_block_size > 0),
+               "quant::nf4_view: [", rows, ", ", cols, "] in blocks of block_size=", o.block_size,
+               " is not an NF4 matrix (positive shape, an even block that divides the row length)");
+    LOOM_CHECK(packed.size() == nf4_bytes(rows, cols, o), "quant::nf4_view: ", packed.size(), " packed bytes, an NF4 [",
+               rows, ", ", cols, "] with block_size=", o.block_size, " double_quant=", o.double_quant, " holds ",
+               nf4_bytes(rows, cols, o));
+    const auto n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+    const std::size_t blocks = n / static_cast<std::size_t>(o.block_size);
+    codes_ = packed.data();
+    if (!o.double_quant) {
+      absmax_ = codes_ + n / 2;
+      return;
+    }
+    absmax_codes_ = codes_ + n / 2;
+    absmax_scales_ = absmax_codes_ + blocks;
+    std::memcpy(&offset_, packed.data() + packed.size() - sizeof(float), sizeof(float));
+  }
+
+  index_t rows() const noexcept { return rows_; }
+  index_t cols() const noexcept { return cols_; }
+  const nf4_options& options() const noexcept { return opt_; }
+  index_t tile_align() const noexcept { return opt_.block_size; }
+  std::size_t bytes() const noexcept { return nf4_bytes(rows_, cols_, opt_); }
+
+  /// The absmax of block b as dequantisation uses it: stored, or with double quantisation
+  /// dynamic_map[code] * scale + offset in bitsandbytes' two fp32 roundings (the sum is taken
+  /// in double, which rounds to the fp32 sum exactly and cannot be contracted into an FMA).
+  float block_absmax_of(std::size_t b) const noexcept {
+    if (!opt_.double_quant) return load(absmax_, b);
+    const float d = dynamic_map[absmax_codes_[b]] * load(absmax_scales_, b / static_cast<std::size_t>(opt_.absmax_block_size));
+    return static_cast<float>(static_cast<double>(d) + static_cast<double>(offset_));
+  }
+
+  /// out[r - r0, c - c0] = W[r, c] for r in [r0, r1), c in [c0, c1), row stride ld; c0 and c1
+  /// multiples of block_size (block-aligned tiles, so every block is read whole). Each value is
+  /// nf4_values[code] * absmax in fp32, bitsandbytes' dequantisation.
+  void dequantize(index_t r0, index_t r1, index_t c0, index_t c1, float* out, index_t ld) const {
+    const index_t bs = opt_.block_size;
+    LOOM_CHECK(0 <= r0 && r0 <= r1 && r1 <= rows_ && 0 <= c0 && c0 <= c1 && c1 <= cols_ && c0 % bs == 0 &&
+                   c1 % bs == 0 && ld >= c1 - c0,
+               "quant::nf4_matrix::dequantize: tile rows [", r0, ", ", r1, ") cols [", c0, ", ", c1, ") ld=", ld,
+               " is not a block-aligned tile of [", rows_, ", ", cols_, "] with block_size=", bs);
+    static const detail::nf4_isa isa = detail::nf4_best_isa();
+    for (index_t r = r0; r < r1; ++r) {
+      float* o = out + (r - r0) * ld;
+      for (index_t c = c0; c < c1; c += bs, o += bs) {
+        const index_t i = r * cols_ + c;
+        // the block's 16 scaled values once, then one look-up per code
+        const float s = block_absmax_of(static_cast<std::size_t>(i / bs));
+        float scaled[16];
+        for (int k = 0; k < 16; ++k) scaled[k] = nf4_values[static_cast<std::size_t>(k)] * s;
+        detail::nf4_expand(isa, codes_ + i / 2, bs / 2, scaled, o);
+      }
+    }
+  }
+
+ private:
+  static float load(const std::uint8_t* floats, std::size_t i) noexcept {
+    float v;
+    std::memcpy(&v, floats + i * sizeof(float), sizeof(float));
+    return v;
+  }
+  index_t rows_ = 0, cols_ = 0;
+  nf4_options opt_{};
+  const std::uint8_t* codes_ = nullptr;
+  const std::uint8_t* absmax_ = nullptr;  // fp32 values, as bytes
+  const std::uint8_t* absmax_codes_ = nullptr;
+  const std::uint8_t* absmax_scales_ = nullptr;  // fp32 values, as bytes
+  float offset_ = 0.0f;
+};
+static_assert(frozen_weight<nf4_view>);
+
 /// A weight matrix W [rows, cols] in NF4 (a frozen_weight, frozen_weight.hpp). Built from fp32 (made once: "plan, then
 /// run"), read by dequantising block-aligned tiles (dequantize) or reading the stored fields, which are bitsandbytes'
 /// own: codes (QuantState's packed weight), absmax or, with double quantisation, absmax_codes + absmax_offset +
@@ -373,37 +466,31 @@ class nf4_matrix {
            (opt_.double_quant ? sizeof(float) : 0);
   }
 
-  /// The absmax of block b as dequantisation uses it: stored, or with double quantisation
-  /// dynamic_map[code] * scale + offset in bitsandbytes' two fp32 roundings (the sum is taken
-  /// in double, which rounds to the fp32 sum exactly and cannot be contracted into an FMA).
-  float block_absmax_of(std::size_t b) const noexcept {
-    if (!opt_.double_quant) return absmax_[b];
-    const float d =
-        dynamic_map[absmax_codes_[b]] * absmax_scales_[b / static_cast<std::size_t>(opt_.absmax_block_size)];
-    return static_cast<float>(static_cast<double>(d) + static_cast<double>(offset_));
+  /// The fields as an nf4_view (valid while this matrix lives).
+  nf4_view view() const noexcept {
+    return {rows_, cols_, opt_, codes_.data(), reinterpret_cast<const std::uint8_t*>(absmax_.data()), absmax_codes_.data(),
+            reinterpret_cast<const std::uint8_t*>(absmax_scales_.data()), offset_};
+  }
+  /// Writes the packed form (nf4_view) into out, nf4_bytes(rows, cols, options) bytes.
+  void pack(std::span<std::uint8_t> out) const {
+    LOOM_CHECK(out.size() == bytes(), "quant::nf4_matrix::pack: ", out.size(), " bytes given, the packed matrix has ", bytes());
+    std::uint8_t* o = out.data();
+    const auto put = [&o](const void* p, std::size_t n) {
+      if (n) std::memcpy(o, p, n);
+      o += n;
+    };
+    put(codes_.data(), codes_.bytes());
+    put(absmax_.data(), absmax_.bytes());
+    put(absmax_codes_.data(), absmax_codes_.bytes());
+    put(absmax_scales_.data(), absmax_scales_.bytes());
+    if (opt_.double_quant) put(&offset_, sizeof(float));
   }
 
-  /// out[r - r0, c - c0] = W[r, c] for r in [r0, r1), c in [c0, c1), row stride ld; c0 and c1
-  /// multiples of block_size (block-aligned tiles, so every block is read whole). Each value is
-  /// nf4_values[code] * absmax in fp32, bitsandbytes' dequantisation.
+  /// The absmax of block b as dequantisation uses it (nf4_view::block_absmax_of).
+  float block_absmax_of(std::size_t b) const noexcept { return view().block_absmax_of(b); }
+  /// out[r - r0, c - c0] = W[r, c] on a block-aligned tile (nf4_view::dequantize).
   void dequantize(index_t r0, index_t r1, index_t c0, index_t c1, float* out, index_t ld) const {
-    const index_t bs = opt_.block_size;
-    LOOM_CHECK(0 <= r0 && r0 <= r1 && r1 <= rows_ && 0 <= c0 && c0 <= c1 && c1 <= cols_ && c0 % bs == 0 &&
-                   c1 % bs == 0 && ld >= c1 - c0,
-               "quant::nf4_matrix::dequantize: tile rows [", r0, ", ", r1, ") cols [", c0, ", ", c1, ") ld=", ld,
-               " is not a block-aligned tile of [", rows_, ", ", cols_, "] with block_size=", bs);
-    static const detail::nf4_isa isa = detail::nf4_best_isa();
-    for (index_t r = r0; r < r1; ++r) {
-      float* o = out + (r - r0) * ld;
-      for (index_t c = c0; c < c1; c += bs, o += bs) {
-        const index_t i = r * cols_ + c;
-        // the block's 16 scaled values once, then one look-up per code
-        const float s = block_absmax_of(static_cast<std::size_t>(i / bs));
-        float scaled[16];
-        for (int k = 0; k < 16; ++k) scaled[k] = nf4_values[static_cast<std::size_t>(k)] * s;
-        detail::nf4_expand(isa, codes_.data() + i / 2, bs / 2, scaled, o);
-      }
-    }
+    view().dequantize(r0, r1, c0, c1, out, ld);
   }
 
  private:
