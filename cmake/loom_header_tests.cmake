@@ -73,6 +73,18 @@ function(loom_add_header_tests include_dir)
   endif()
   add_library(loom_header_tests OBJECT ${sources_cxx} ${sources_cuda})
   target_link_libraries(loom_header_tests PRIVATE ${deps} loom_warnings)
+  # The C++ units share a precompiled set of standard headers. Parsing those was about half of
+  # each unit's time (docs/reliability.md), and what these units check -- that a loom header
+  # includes the loom headers and libraries it uses -- does not depend on it. What it gives up,
+  # a missing #include of one of these standard headers, one libstdc++ version could not show
+  # reliably anyway: its headers include each other.
+  set(std_headers algorithm array atomic chrono cmath condition_variable cstdint cstring functional map memory mutex
+                  numeric optional span string string_view thread unordered_map utility vector)
+  list(TRANSFORM std_headers REPLACE "(.+)" "$<$<COMPILE_LANGUAGE:CXX>:<\\1>>")
+  target_precompile_headers(loom_header_tests PRIVATE ${std_headers})
+  # Compiling is what these units check, not code: no optimisation (faster, and free of the
+  # optimiser's flow warnings, which the test programs' own units report where code runs).
+  target_compile_options(loom_header_tests PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O0>)
   if(sources_cuda)
     set_target_properties(loom_header_tests PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
   endif()
