@@ -158,9 +158,9 @@ int main(int argc, char** argv) {
       std::printf("%zu prompts, %zu tokens generated in %.3f s (%.1f tokens/s), %lld engine steps, KV pool %.1f MiB per rank, tp %d, pp %d\n",
                   prompts.size(), generated, s, generated / s, static_cast<long long>(eng.steps()), eng.kv_bytes() / 1048576.0,
                   model.tp, model.pp);
-      std::printf("rank 0: %.3f ms per engine step; in communication %.3f s of %.3f s (%.1f%%, %llu calls)\n",
+      std::printf("rank 0: %.3f ms per engine step; in communication %.3f s of %.3f s (%.1f%%, %llu calls); %lld preemptions\n",
                   1e3 * s / static_cast<double>(std::max<std::int64_t>(eng.steps(), 1)), comm_s, s, 100.0 * comm_s / s,
-                  static_cast<unsigned long long>(comm_calls));
+                  static_cast<unsigned long long>(comm_calls), static_cast<long long>(eng.scheduler().num_preemptions()));
     });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "llama-generate: %s\n", e.what());

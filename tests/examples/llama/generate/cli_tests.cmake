@@ -88,6 +88,31 @@ if(LOOM_HAS_MPI)
                            FIXTURES_REQUIRED llama_generate_hf_${_arch} ENVIRONMENT OPENBLAS_NUM_THREADS=1)
     endforeach()
   endif()
+  # The engine test's workload under mpirun -np 4 at tp 2 x pp 2: 32 sequences sharing four
+  # 20-token prefixes (prefix-cache hits), chunked prefill (--budget 48) and a pool too small
+  # for them all (40 blocks of 4: the run must preempt), against --tp 1 --pp 1 on one process.
+  set(_p32 ${CMAKE_CURRENT_BINARY_DIR}/prompts32.txt)
+  set(_lines "")
+  foreach(_i RANGE 31)
+    math(EXPR _s "${_i} % 4")
+    math(EXPR _n "1 + ${_i} % 7")
+    set(_line "")
+    foreach(_k RANGE 19)
+      math(EXPR _t "2 + (${_s} * 53 + ${_k} * 11) % 240")
+      string(APPEND _line "${_t} ")
+    endforeach()
+    foreach(_k RANGE 1 ${_n})
+      math(EXPR _t "2 + (${_i} * 31 + ${_k} * 7) % 240")
+      string(APPEND _line "${_t} ")
+    endforeach()
+    string(APPEND _lines "${_line}\n")
+  endforeach()
+  file(WRITE ${_p32} "${_lines}")
+  add_test(NAME llama_generate_mpi_np4_32seq
+           COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-generate>;--random;--prompt-file;${_p32};--max-new;24;--temperature;0;--blocks;40;--block-size;4;--budget;48"
+                   -DTP=2 -DPP=2 "-DLAUNCH=${_mpi};4" -P ${_same})
+  set_tests_properties(llama_generate_mpi_np4_32seq PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2 ENVIRONMENT OPENBLAS_NUM_THREADS=1
+                       FAIL_REGULAR_EXPRESSION "; 0 preemptions")
   # Launched from a DeepSpeed-format hostfile as llama-train is: 4 slots on localhost, no --oversubscribe.
   file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/hostfile.slots4 "localhost slots=4\n")
   set(_hostfile_flags ${LOOM_MPIEXEC_FLAGS})
