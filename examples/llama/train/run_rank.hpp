@@ -237,7 +237,8 @@ train_result run_rank(C& comm, const options& o, const loom::io::ds_config& c, s
       }
     }
     const auto st = t.step(std::ref(data));
-    step_record r{.step = s, .loss = st.loss, .lr = lr, .scale = st.loss_scale, .skipped = st.skipped, .grad_norm = st.grad_norm};
+    step_record r;
+    r.step = s, r.loss = st.loss, r.lr = lr, r.scale = st.loss_scale, r.skipped = st.skipped, r.grad_norm = st.grad_norm;
     r.seconds = max_over_ranks(comm, st.seconds);
     r.tokens_per_s = tokens / r.seconds;
     r.flops_per_s = tokens * o.model.flops_per_token(to.seq) / r.seconds;
