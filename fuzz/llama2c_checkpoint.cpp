@@ -1,8 +1,12 @@
-// llama2.c checkpoint readers (io/llama2c.hpp) on arbitrary bytes: read_llama2c, and
-// read_llama2c_config, the header alone that the generator's memory plan reads before loading.
+// llama2.c checkpoint readers (io/llama2c.hpp) on arbitrary bytes: read_llama2c,
+// read_llama2c_config, the header alone that the generator's memory plan reads before loading,
+// and llama2c_file, the range reader a rank reads its slice with.
 #include "fuzz_input.hpp"
 
 #include <loom/io/llama2c.hpp>
+
+#include <cstring>
+#include <span>
 
 namespace {
 bool same(const loom::io::llama2c_config& a, const loom::io::llama2c_config& b) {
@@ -23,6 +27,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (const auto& [name, t] : ck.tensors)
       if (static_cast<std::size_t>(t.numel()) != t.data.size()) __builtin_trap();
     full = ck.config, loaded = true;
+    // The range reader opens the same file and reads each tensor's first and last elements:
+    // the bytes the whole-file reader gave, at the offsets llama2c_tensors computes.
+    const loom::io::llama2c_file f(path);
+    for (const auto& [name, t] : ck.tensors) {
+      if (t.data.empty()) continue;
+      float x[1];
+      for (const std::size_t at : {std::size_t{0}, t.data.size() - 1}) {
+        f.read(name, at, std::span<float>(x, 1));
+        if (std::memcmp(x, t.data.data() + at, sizeof x) != 0) __builtin_trap();
+      }
+    }
   });
   loom_fuzz::call([&] {
     head = loom::io::read_llama2c_config(path);
