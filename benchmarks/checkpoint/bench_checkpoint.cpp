@@ -9,6 +9,7 @@
 #include <llama/generate/llama_loader.hpp>
 #include <llama/train3d/checkpoint.hpp>
 
+#include <loom/comm/any_comm.hpp>
 #include <loom/comm/thread_comm.hpp>
 
 #include <algorithm>
@@ -17,11 +18,12 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <functional>
 #include <vector>
 
 namespace {
 
-using trainer_t = llama3d::trainer<float, float, loom::comm::thread_comm>;
+using trainer_t = llama3d::trainer<float, float, loom::comm::any_comm>;  // llama_train_lib's (compiled there once)
 using clock_type = std::chrono::steady_clock;
 
 double since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
@@ -41,7 +43,8 @@ row measure(const llama::config& cfg, llama3d::train_options o, const std::strin
   fs::remove_all(dir);
   row r;
   std::vector<double> save_s, load_s, gather_s;
-  loom::comm::run_ranks(o.mesh.size(), [&](loom::comm::thread_comm& c) {
+  loom::comm::run_ranks(o.mesh.size(), [&](loom::comm::thread_comm& ranks) {
+    loom::comm::any_comm c(std::ref(ranks));
     trainer_t t(c, cfg, o, loom::default_resource<loom::host>());
     t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
       llama3d::counting_batch(1, step, g, o.micro_batch_size, o.seq, cfg.vocab, tok, tgt);

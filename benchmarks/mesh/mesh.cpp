@@ -6,6 +6,7 @@
 // Usage: loom-bench-mesh [--ranks 8] [--steps 5] [--quick]
 #include <llama/train3d/train3d.hpp>
 
+#include <loom/comm/any_comm.hpp>
 #include <loom/comm/thread_comm.hpp>
 
 #include <algorithm>
@@ -13,11 +14,12 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <functional>
 #include <vector>
 
 namespace {
 
-using trainer_t = llama3d::trainer<float, float, loom::comm::thread_comm>;
+using trainer_t = llama3d::trainer<float, float, loom::comm::any_comm>;  // llama_train_lib's (compiled there once)
 
 struct result {
   double tokens_per_s = 0, states_kib = 0, peak_kib = 0, bubble = 0;
@@ -29,7 +31,8 @@ result measure(const llama::config& cfg, llama3d::train_options o, int steps) {
   for (int r = 0; r < world; ++r) mem.push_back(std::make_unique<loom::host_memory_resource>("rank"));
   std::vector<double> secs, bubble(static_cast<std::size_t>(world), 0);
   double states = 0;
-  loom::comm::run_ranks(world, [&](loom::comm::thread_comm& c) {
+  loom::comm::run_ranks(world, [&](loom::comm::thread_comm& ranks) {
+    loom::comm::any_comm c(std::ref(ranks));
     trainer_t t(c, cfg, o, *mem[static_cast<std::size_t>(c.rank())]);
     const auto b = t.bytes();
     if (c.rank() == 0) states = double(b.parameters + b.gradients + b.optimizer);

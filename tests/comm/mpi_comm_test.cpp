@@ -5,6 +5,7 @@
 // and nothing hangs.
 #include "mesh_suite.hpp"
 
+#include <loom/comm/any_comm.hpp>
 #include <loom/comm/mpi_comm.hpp>
 
 #include <doctest/doctest.h>
@@ -31,6 +32,26 @@ TEST_CASE("mpi_comm: the small matrix also passes in checked mode with a timeout
   mpi_comm c = mpi_comm::world();
   auto f = loom_test::run_suite(c, false);
   CHECK_MESSAGE(f.list.empty(), loom_test::join(f));
+}
+
+TEST_CASE("any_comm over mpi_comm: the small matrix, and a split group of its own") {
+  mpi_comm w = mpi_comm::world();
+  loom::comm::any_comm c(std::ref(w));
+  CHECK(c.target<mpi_comm>() == &w);
+  auto f = loom_test::run_suite(c, false);
+  CHECK_MESSAGE(f.list.empty(), loom_test::join(f));
+  loom::comm::any_comm sub = c.split(w.rank() % 2, -w.rank());
+  int members = 0, want_rank = 0, sum = 0;
+  for (int r = w.rank() % 2; r < w.size(); r += 2) {
+    ++members;
+    sum += r;
+    want_rank += r > w.rank();
+  }
+  CHECK(sub.size() == members);
+  CHECK(sub.rank() == want_rank);
+  int v = w.rank();
+  sub.all_reduce(std::span<int>(&v, 1));
+  CHECK(v == sum);
 }
 
 TEST_CASE("mpi_comm: split by parity, reversed keys") {

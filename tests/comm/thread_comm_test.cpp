@@ -1,8 +1,10 @@
 // thread_comm and run_ranks: the collective matrix on 1..8 thread ranks against the naive
 // reference of collective_suite.hpp; split; point-to-point matching; async overlap; and the
-// no-hang guarantees (a throwing rank, a returning rank, mismatched calls, timeouts).
+// no-hang guarantees (a throwing rank, a returning rank, mismatched calls, timeouts); and
+// any_comm over thread ranks (the same matrix, split, a throwing rank).
 #include "collective_suite.hpp"
 
+#include <loom/comm/any_comm.hpp>
 #include <loom/comm/thread_comm.hpp>
 
 #include <doctest/doctest.h>
@@ -149,6 +151,68 @@ TEST_CASE("thread_comm: several async collectives in flight complete in issue or
     for (auto& w : ws) w.wait();
     for (std::size_t k = 0; k < bufs.size(); ++k) CHECK(bufs[k][32] == 6 * static_cast<int>(k));
   });
+}
+
+TEST_CASE("any_comm over thread ranks: the collective matrix, split groups and the backend behind it") {
+  for (int n = 1; n <= 4; ++n) {
+    CAPTURE(n);
+    std::vector<loom_test::failures> f(static_cast<std::size_t>(2 * n));
+    std::vector<int> sub_ranks(static_cast<std::size_t>(n)), sub_sums(static_cast<std::size_t>(n));
+    std::vector<int> borrowed(static_cast<std::size_t>(n)), owned(static_cast<std::size_t>(n));
+    run_ranks(n, [&](thread_comm& tc) {
+      const auto r = static_cast<std::size_t>(tc.rank());
+      loom::comm::any_comm c(std::ref(tc));
+      borrowed[r] = c.target<thread_comm>() == &tc && c.target<loom::comm::any_comm>() == nullptr;
+      f[r] = loom_test::run_suite(c, false);  // any_comm adds no element loop: the small matrix (the sanitizers run this case)
+      // split by parity, reversed keys: an any_comm owning thread_comm's own subgroup
+      loom::comm::any_comm sub = c.split(tc.rank() % 2, -tc.rank());
+      owned[r] = sub.target<thread_comm>() != nullptr && sub.target<thread_comm>() != &tc;
+      sub_ranks[r] = sub.rank();
+      int v = tc.rank();
+      sub.all_reduce(std::span<int>(&v, 1));
+      sub_sums[r] = v;
+      f[static_cast<std::size_t>(n) + r] = loom_test::run_suite(sub, false);
+    });
+    for (int w = 0; w < n; ++w) {
+      CAPTURE(w);
+      const auto u = static_cast<std::size_t>(w);
+      CHECK_MESSAGE(f[u].list.empty(), loom_test::join(f[u]));
+      CHECK_MESSAGE(f[static_cast<std::size_t>(n) + u].list.empty(), loom_test::join(f[static_cast<std::size_t>(n) + u]));
+      CHECK(borrowed[u] == 1);
+      CHECK(owned[u] == 1);
+      // naive: the ranks of w's parity, the highest first
+      int members_above = 0, sum = 0;
+      for (int q = w % 2; q < n; q += 2) {
+        sum += q;
+        members_above += q > w;
+      }
+      CHECK(sub_ranks[u] == members_above);
+      CHECK(sub_sums[u] == sum);
+    }
+  }
+}
+
+TEST_CASE("any_comm over thread ranks: a throwing rank fails the others' collectives; bad arguments are refused by name") {
+  std::atomic<int> loom_errors{0};
+  CHECK_THROWS_WITH_AS(run_ranks(3,
+                                 [&](thread_comm& tc) {
+                                   loom::comm::any_comm c(std::move(tc));  // owned
+                                   std::vector<float> v(5, 1.f);
+                                   if (c.rank() == 1) throw std::runtime_error("rank one broke");
+                                   try {
+                                     c.all_reduce(std::span<float>(v));
+                                   } catch (const loom::error& e) {
+                                     if (contains(e.what(), "rank 1 failed: rank one broke")) ++loom_errors;
+                                     throw;
+                                   }
+                                 }),
+                       "rank one broke", std::runtime_error);
+  CHECK(loom_errors == 2);
+  loom::comm::any_comm c{thread_comm{}};
+  std::vector<float> in(3), out(4);
+  CHECK_THROWS_WITH_AS(c.all_gather(std::span<const float>(in), std::span<float>(out)),
+                       doctest::Contains("all_gather: out.size()=4 must be in.size() (3) x size (1)"), loom::error);
+  CHECK_THROWS_WITH_AS(c.broadcast(std::span<float>(out), 2), doctest::Contains("broadcast: root=2"), loom::error);
 }
 
 TEST_CASE("thread_comm fault: a rank that throws makes every other rank's collective throw, and run_ranks rethrows it") {

@@ -16,6 +16,7 @@
 #include <common/mpi_launch.hpp>
 
 #include <loom/comm/fail_fast.hpp>
+#include <loom/comm/any_comm.hpp>
 #include <loom/comm/thread_comm.hpp>
 #ifdef LOOM_HAS_MPI
 #include <loom/comm/mpi_comm.hpp>
@@ -174,10 +175,11 @@ void run_tensor_ranks(int tp, F&& fn) {
 }
 
 /// Runs fn(comm, peer_failed) on the ranks of `model` (use_mpi_world() first; fn builds its
-/// (1, tp, pp) mesh over comm): the MPI world when started by mpirun with more than one
-/// process, else model.tp x model.pp thread ranks (run_tensor_ranks). fn must take either communicator (a generic lambda). A process whose
-/// fn throws prints "<program>: error: rank r of N: <what>" and ends the job (MPI_Abort: the
-/// others do not hang in a collective or in MPI_Finalize).
+/// (1, tp, pp) mesh over comm, a loom::comm::any_comm): the MPI world when started by mpirun
+/// with more than one process, else model.tp x model.pp thread ranks (run_tensor_ranks). The
+/// backend is erased so that fn, and the engine (and server) it makes, is compiled once for
+/// both. A process whose fn throws prints "<program>: error: rank r of N: <what>" and ends the
+/// job (MPI_Abort: the others do not hang in a collective or in MPI_Finalize).
 template <class F>
 void run_tensor_group(const char* program, const model_args& model, F&& fn) {
 #ifdef LOOM_HAS_MPI
@@ -185,7 +187,8 @@ void run_tensor_group(const char* program, const model_args& model, F&& fn) {
     examples::mpi_session mpi;
     std::atomic<bool> failed{false};  // a peer's failure aborts this process too
     try {
-      loom::comm::mpi_comm comm = loom::comm::mpi_comm::world();
+      loom::comm::mpi_comm world = loom::comm::mpi_comm::world();
+      loom::comm::any_comm comm(std::ref(world));
       try {
         fn(comm, static_cast<const std::atomic<bool>&>(failed));
       } catch (const std::exception& e) {
@@ -200,7 +203,10 @@ void run_tensor_group(const char* program, const model_args& model, F&& fn) {
 #else
   (void)program;
 #endif
-  run_tensor_ranks(model.tp * model.pp, std::forward<F>(fn));
+  run_tensor_ranks(model.tp * model.pp, [&](loom::comm::thread_comm& ranks, const std::atomic<bool>& failed) {
+    loom::comm::any_comm comm(std::ref(ranks));
+    fn(comm, failed);
+  });
 }
 
 }  // namespace llama

@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
     ec.scheduler.max_num_seqs = static_cast<std::int32_t>(std::max<std::size_t>(prompts.size(), 1));
     // The memory plan before any tensor is read: a model that does not fit is refused unread.
     const llama::config c = model.config_before_loading(random_config());
-    model.plan_memory<llama::llama_engine<float, loom::comm::thread_comm>>("llama-generate", c, ec);
+    model.plan_memory<llama::llama_engine<float, loom::comm::any_comm>>("llama-generate", c, ec);
     const std::optional<llama::flat_weights> random_weights = model.random ? std::optional(model.load(random_config())) : std::nullopt;
     std::optional<loom::data::any_tokenizer> tok;
     if (!model.tokenizer.empty()) tok.emplace(examples::open_tokenizer(model.tokenizer, "none", c.vocab));

@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
     rc.vocab = 260;
     // The memory plan before any tensor is read: a model that does not fit is refused unread.
     const llama::config cfg = model.config_before_loading(rc);
-    model.plan_memory<llama::llama_engine<float, loom::comm::thread_comm>>("llama-serve", cfg, ec);
+    model.plan_memory<llama::llama_engine<float, loom::comm::any_comm>>("llama-serve", cfg, ec);
     const std::optional<llama::flat_weights> random_weights = model.random ? std::optional(model.load(rc)) : std::nullopt;
     const loom::serve::chat_setup chat = loom::serve::choose_chat_template(template_flag, cfg.model_type, model.tokenizer, model.checkpoint);
     std::optional<loom::data::any_tokenizer> tok;

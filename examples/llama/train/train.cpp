@@ -4,6 +4,11 @@
 
 #include <common/mpi_launch.hpp>
 #include <loom/comm/fail_fast.hpp>
+#include <loom/comm/self_comm.hpp>
+#include <loom/comm/thread_comm.hpp>
+#ifdef LOOM_HAS_MPI
+#include <loom/comm/mpi_comm.hpp>
+#endif
 #include <llama/generate/llama_loader.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/memory.hpp>
@@ -15,6 +20,7 @@
 #include <cstdlib>
 #include <sstream>
 #include <exception>
+#include <functional>
 #include <memory>
 #ifdef LOOM_HAS_MPI
 #include <mpi.h>
@@ -162,8 +168,11 @@ int mpi_launch_rank() { return examples::mpi_launch_rank(); }
 
 namespace {
 
+// The backend's communicator erased (any_comm): the run and its trainer are compiled once for
+// all three backends.
 template <class C>
-train_result run_on(C& comm, const options& o, const loom::io::ds_config& c, std::ostream* log) {
+train_result run_on(C& backend, const options& o, const loom::io::ds_config& c, std::ostream* log) {
+  loom::comm::any_comm comm(std::ref(backend));
   switch (c.precision()) {
     case loom::dtype::bf16: return run_rank<loom::bfloat16>(comm, o, c, log);
     case loom::dtype::f16: return run_rank<loom::half>(comm, o, c, log);

@@ -915,28 +915,19 @@ class trainer {
 }  // namespace llama3d
 
 // The trainers llama_train_lib (examples/llama/train) instantiates once: every parameter type
-// a run takes (float, bfloat16, half; fp32 compute) on every communicator (one rank, thread
-// ranks, MPI). A unit that links the library sees them declared extern (the library's
-// LLAMA3D_EXTERN_TRAINERS) and so does not instantiate them again: the trainer is the costliest
-// template to compile, and the program, the demo, the benchmarks and the tests all use it.
-// What a unit needs beyond these (the tests' double-precision trainers) it instantiates itself.
+// a run takes (float, bfloat16, half; fp32 compute) over loom::comm::any_comm, the one
+// communicator type of every backend (one rank, thread ranks, MPI), so each is compiled once
+// rather than once per backend. A unit that links the library sees them declared extern (the
+// library's LLAMA3D_EXTERN_TRAINERS) and so does not instantiate them again: the trainer is the
+// costliest template to compile, and the program, the demo, the benchmarks and the tests all use
+// it. What a unit needs beyond these (the tests' double-precision trainers) it instantiates itself
+// (tests/examples/llama/model3d: once, for the group and the MPI test).
 #ifdef LLAMA3D_EXTERN_TRAINERS
-#include <loom/comm/self_comm.hpp>
-#include <loom/comm/thread_comm.hpp>
+#include <loom/comm/any_comm.hpp>
 #include <loom/core/dtype.hpp>
-#ifdef LOOM_HAS_MPI
-#include <loom/comm/mpi_comm.hpp>
-#define LLAMA3D_TRAINERS_MPI(EXTERN, P) EXTERN template class llama3d::trainer<P, float, loom::comm::mpi_comm>;
-#else
-#define LLAMA3D_TRAINERS_MPI(EXTERN, P)
-#endif
-#define LLAMA3D_TRAINERS_OF(EXTERN, P)                                      \
-  EXTERN template class llama3d::trainer<P, float, loom::comm::self_comm>;   \
-  EXTERN template class llama3d::trainer<P, float, loom::comm::thread_comm>; \
-  LLAMA3D_TRAINERS_MPI(EXTERN, P)
-#define LLAMA3D_TRAINERS(EXTERN)             \
-  LLAMA3D_TRAINERS_OF(EXTERN, float)          \
-  LLAMA3D_TRAINERS_OF(EXTERN, loom::bfloat16) \
-  LLAMA3D_TRAINERS_OF(EXTERN, loom::half)
+#define LLAMA3D_TRAINERS(EXTERN)                                               \
+  EXTERN template class llama3d::trainer<float, float, loom::comm::any_comm>;          \
+  EXTERN template class llama3d::trainer<loom::bfloat16, float, loom::comm::any_comm>; \
+  EXTERN template class llama3d::trainer<loom::half, float, loom::comm::any_comm>;
 LLAMA3D_TRAINERS(extern)
 #endif

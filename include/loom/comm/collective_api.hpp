@@ -88,6 +88,29 @@ class collective_api {
   template <element T>
   work recv_async(std::span<T> out, int peer, int tag = 0) { return recv_async_(out, peer, tag, true); }
 
+  /// The backend's untyped entry points behind the typed API (pointers, an element count and
+  /// a run-time dtype, as in the backend contract above), without the typed API's argument
+  /// checks: for adapters that erase the backend's type (any_comm.hpp), whose own typed API
+  /// has checked the arguments before they reach these.
+  work untyped_all_gather(const void* in, void* out, std::size_t n, dtype t, bool async) {
+    return self().start_all_gather(in, out, n, t, async);
+  }
+  work untyped_reduce_scatter(const void* in, void* out, std::size_t n, dtype t, reduce_op op, bool async) {
+    return self().start_reduce_scatter(in, out, n, t, op, async);
+  }
+  work untyped_all_reduce(const void* in, void* out, std::size_t n, dtype t, reduce_op op, bool async) {
+    return self().start_all_reduce(in, out, n, t, op, async);
+  }
+  work untyped_broadcast(void* buf, std::size_t n, dtype t, int root, bool async) {
+    return self().start_broadcast(buf, n, t, root, async);
+  }
+  work untyped_send(const void* in, std::size_t n, dtype t, int peer, int tag, bool async) {
+    return self().start_send(in, n, t, peer, tag, async);
+  }
+  work untyped_recv(void* out, std::size_t n, dtype t, int peer, int tag, bool async) {
+    return self().start_recv(out, n, t, peer, tag, async);
+  }
+
  private:
   Derived& self() noexcept { return static_cast<Derived&>(*this); }
   int n_ranks() const noexcept { return static_cast<const Derived&>(*this).size(); }

@@ -68,6 +68,7 @@ if(LOOM_HAS_MPI)
   endif()
   # np 4 on files: HF LLaMA and ChatGLM folders of 4 key/value heads, written by llama-train's
   # --export-hf after one step (the weights need not be good, only the same for every run).
+  # seq 64: the ChatGLM folder also serves the 32-sequence workload below.
   if(LOOM_HAS_JSON)  # llama-train is built
     foreach(_arch llama chatglm)
       set(_hf ${CMAKE_CURRENT_BINARY_DIR}/mpi_hf_${_arch})
@@ -78,7 +79,7 @@ if(LOOM_HAS_MPI)
       endif()
       add_test(NAME llama_generate_mpi_hf_${_arch}
                COMMAND $<TARGET_FILE:llama-train> --arch ${_arch} --dim 64 --n-layers 2 --n-heads 4 --n-kv-heads 4 --hidden-dim 128
-                       --vocab 256 --seq 16 --batch 2 --micro-batches 1 --steps 1 --data counting --save ${_hf}-ckpt --export-hf ${_hf})
+                       --vocab 256 --seq 64 --batch 2 --micro-batches 1 --steps 1 --data counting --save ${_hf}-ckpt --export-hf ${_hf})
       set_tests_properties(llama_generate_mpi_hf_${_arch} PROPERTIES FIXTURES_SETUP llama_generate_hf_${_arch} TIMEOUT 60
                            ENVIRONMENT OPENBLAS_NUM_THREADS=1)
       add_test(NAME llama_generate_mpi_np4_${_arch}
@@ -113,6 +114,16 @@ if(LOOM_HAS_MPI)
                    -DTP=2 -DPP=2 "-DLAUNCH=${_mpi};4" -P ${_same})
   set_tests_properties(llama_generate_mpi_np4_32seq PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2 ENVIRONMENT OPENBLAS_NUM_THREADS=1
                        FAIL_REGULAR_EXPRESSION "; 0 preemptions")
+  # The same workload on the ChatGLM folder: its fused query_key_value split over tp 2 and its
+  # layers over 2 pipeline stages, each process reading only its slice of the files.
+  if(LOOM_HAS_JSON)
+    add_test(NAME llama_generate_mpi_np4_chatglm_32seq
+             COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-generate>;--checkpoint;${CMAKE_CURRENT_BINARY_DIR}/mpi_hf_chatglm;--prompt-file;${_p32};--max-new;24;--temperature;0;--blocks;40;--block-size;4;--budget;48"
+                     -DTP=2 -DPP=2 "-DLAUNCH=${_mpi};4" -P ${_same})
+    set_tests_properties(llama_generate_mpi_np4_chatglm_32seq PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2
+                         FIXTURES_REQUIRED llama_generate_hf_chatglm ENVIRONMENT OPENBLAS_NUM_THREADS=1
+                         FAIL_REGULAR_EXPRESSION "; 0 preemptions")
+  endif()
   # Launched from a DeepSpeed-format hostfile as llama-train is: 4 slots on localhost, no --oversubscribe.
   file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/hostfile.slots4 "localhost slots=4\n")
   set(_hostfile_flags ${LOOM_MPIEXEC_FLAGS})

@@ -10,7 +10,7 @@
 
 #include <filesystem>
 
-using loom::comm::thread_comm;
+using loom::comm::any_comm;
 using namespace train3d_suite;
 
 namespace {
@@ -27,8 +27,8 @@ run_result train(loom::comm::mesh_shape mesh, int zero, int n_steps, const std::
   const auto cfg = tiny_chatglm();
   const auto o = options(mesh, zero, "1f1b", 4 / mesh.dp);
   run_result out;
-  loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
-    llama3d::trainer<double, double, thread_comm> t(world, cfg, o, loom::default_resource<loom::host>());
+  train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
+    llama3d::trainer<double, double, any_comm> t(world, cfg, o, loom::default_resource<loom::host>());
     run_result r;
     for (int s = 0; s < n_steps; ++s)
       r.losses.push_back(t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {

@@ -36,7 +36,7 @@
 #include <vector>
 
 namespace fs = std::filesystem;
-using loom::comm::thread_comm;
+using loom::comm::any_comm;
 using loom::index_t;
 using loom::test::error_of;
 using loom::test::rel_err;
@@ -82,8 +82,8 @@ init_result init_on(loom::comm::mesh_shape mesh, int zero, const llama::config& 
   init_result out;
   out.stats.resize(static_cast<std::size_t>(mesh.size()));
   out.owned.resize(static_cast<std::size_t>(mesh.size()));
-  loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
-    llama3d::trainer<P, float, thread_comm> t(world, cfg, o, loom::default_resource<loom::host>());
+  train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
+    llama3d::trainer<P, float, any_comm> t(world, cfg, o, loom::default_resource<loom::host>());
     const auto r = static_cast<std::size_t>(world.rank());
     llama3d::init_from_hf(t, folder, out.stats[r]);
     for (int c = 0; c < t.chunks(); ++c)
@@ -189,8 +189,8 @@ TEST_CASE("an HF LLaMA folder read on (2,2,1) ZeRO-3 and exported back is the sa
   fs::remove_all(dir);
   const auto o = options({2, 2, 1}, 3, "1f1b", 2);
   std::string ckpt;
-  loom::comm::run_ranks(4, [&](thread_comm& world) {
-    llama3d::trainer<float, float, thread_comm> t(world, cfg, o, loom::default_resource<loom::host>());
+  train3d_suite::run_ranks(4, [&](any_comm& world) {
+    llama3d::trainer<float, float, any_comm> t(world, cfg, o, loom::default_resource<loom::host>());
     llama3d::init_from_hf(t, in);
     const std::string saved = llama3d::save_checkpoint(t, (dir / "ckpt").string());
     if (world.rank() == 0) ckpt = saved;
@@ -245,8 +245,8 @@ run_result fine_tune(loom::comm::mesh_shape mesh, int zero, const std::string& f
   o.seq = 32;  // half prompt, half response
   o.adamw.lr = 1e-3f;
   run_result out;
-  loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
-    llama3d::trainer<double, double, thread_comm> t(world, cfg, o, loom::default_resource<loom::host>());
+  train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
+    llama3d::trainer<double, double, any_comm> t(world, cfg, o, loom::default_resource<loom::host>());
     llama3d::init_from_hf(t, folder);
     auto loader = loom::data::make_batch_loader({chat}, cfg.vocab, o.seq, o.micro_batch_size, o.seed);
     loom::data::token_batch batch;
@@ -362,8 +362,8 @@ TEST_CASE("init_from_hf refuses bad folders, naming the file and the key or tens
   fs::remove(missing_shard / "model-00002-of-00002.safetensors");
   edit_config(other_model, [](nlohmann::json& j) { j["ffn_hidden_size"] = 768; });
 
-  loom::comm::run_ranks(2, [&](thread_comm& world) {
-    llama3d::trainer<float, float, thread_comm> t(world, cfg, options({2, 1, 1}, 3, "1f1b", 2), loom::default_resource<loom::host>());
+  train3d_suite::run_ranks(2, [&](any_comm& world) {
+    llama3d::trainer<float, float, any_comm> t(world, cfg, options({2, 1, 1}, 3, "1f1b", 2), loom::default_resource<loom::host>());
     const auto err = [&](const fs::path& p) { return error_of([&] { llama3d::init_from_hf(t, p.string()); }); };
     const std::string shape = err(wrong_shape);
     CHECK(shape.find("'transformer.encoder.layers.1.self_attention.dense.weight'") != std::string::npos);

@@ -7,8 +7,8 @@
 
 #include <limits>
 
-using loom::comm::thread_comm;
-using trainer_t = llama3d::trainer<double, double, thread_comm>;
+using loom::comm::any_comm;
+using trainer_t = llama3d::trainer<double, double, any_comm>;
 using namespace train3d_suite;
 
 namespace {
@@ -77,7 +77,7 @@ TEST_CASE("ZeRO divides model states over dp") {
   std::vector<std::size_t> state(4, 0);
   for (int zero = 0; zero <= 3; ++zero) {
     o.zero_stage = zero;
-    loom::comm::run_ranks(8, [&](thread_comm& world) {
+    train3d_suite::run_ranks(8, [&](any_comm& world) {
       loom::host_memory_resource mr("rank");
       trainer_t t(world, cfg, o, mr);
       const auto b = t.bytes();
@@ -116,7 +116,7 @@ TEST_CASE("ZeRO-3 gathers unit by unit: peak parameter bytes are the shard plus 
     auto o = options({4, 1, 1}, zero, "1f1b", 2);
     o.stage3.prefetch_numel = prefetch;
     std::size_t peak = 0;
-    loom::comm::run_ranks(4, [&](thread_comm& world) {
+    train3d_suite::run_ranks(4, [&](any_comm& world) {
       loom::host_memory_resource params("parameters");
       trainer_t t(world, cfg, o, loom::default_resource<loom::host>(), &params);
       for (int s = 0; s < 3; ++s) {
@@ -163,7 +163,7 @@ TEST_CASE("an inf/NaN gradient on one rank makes every rank skip the step") {
   const auto cfg = tiny(false);
   for (int zero : {0, 2}) {
     std::vector<int> skipped(8, 0), taken(8, -1);
-    loom::comm::run_ranks(8, [&](thread_comm& world) {
+    train3d_suite::run_ranks(8, [&](any_comm& world) {
       trainer_t t(world, cfg, o, loom::default_resource<loom::host>());
       if (world.rank() == 5) t.model().params()[3] = std::numeric_limits<double>::quiet_NaN();
       auto st = t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
@@ -200,7 +200,7 @@ TEST_CASE("a dynamic loss scale (powers of two) trains exactly as no scale, grow
     o.gradient_clipping = 0.85f;
     o.loss_scaler = scaler;
     result out;
-    loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
+    train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
       trainer_t t(world, tiny(false), o, loom::default_resource<loom::host>());
       result r;
       for (int s = 0; s < steps; ++s) {
@@ -241,8 +241,8 @@ TEST_CASE("an overflow on one rank halves every rank's scale after the hysteresi
   const std::vector<float> want = {16, 16, 8, 4, 2, 1};  // the scale each skipped step ran with
   std::vector<std::vector<float>> seen(8);
   std::vector<int> threw(8, 0);
-  CHECK_THROWS_WITH_AS(loom::comm::run_ranks(8,
-                                             [&](thread_comm& world) {
+  CHECK_THROWS_WITH_AS(train3d_suite::run_ranks(8,
+                                             [&](any_comm& world) {
                                                trainer_t t(world, tiny(false), o, loom::default_resource<loom::host>());
                                                if (world.rank() == 5) t.model().params()[3] = std::nan("");
                                                auto& mine = seen[std::size_t(world.rank())];
@@ -273,8 +273,8 @@ std::vector<double> losses_with(loom::comm::mesh_shape mesh, int zero, loom::amp
   auto o = options(mesh, zero, "1f1b", mesh.dp == 1 ? 4 : 2);
   o.loss_scaler = scaler;
   std::vector<double> out;
-  loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
-    llama3d::trainer<P, float, thread_comm> t(world, tiny(false), o, loom::default_resource<loom::host>());
+  train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
+    llama3d::trainer<P, float, any_comm> t(world, tiny(false), o, loom::default_resource<loom::host>());
     std::vector<double> l;
     for (int s = 0; s < steps; ++s) l.push_back(t.step(counting).loss);
     if (world.rank() == 0) out = l;
@@ -309,7 +309,7 @@ TEST_CASE("activation checkpointing in the 3D trainer: the same run, bit for bit
     run_result out;
     o.checkpointing = ckpt;
     peak.assign(4, 0);
-    loom::comm::run_ranks(4, [&](thread_comm& world) {
+    train3d_suite::run_ranks(4, [&](any_comm& world) {
       loom::host_memory_resource mr("rank");
       trainer_t t(world, cfg, o, mr);
       run_result r;
@@ -347,7 +347,7 @@ TEST_CASE("forward-only evaluation under ZeRO-3 on every mesh: the mean loss of 
   auto run_eval = [&](loom::comm::mesh_shape mesh, int mm, bool with_eval) {
     auto o = options(mesh, 3, "1f1b", mm);
     result out;
-    loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
+    train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
       trainer_t t(world, cfg, o, loom::default_resource<loom::host>());
       auto data = [&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
         llama3d::counting_batch(7, step, g, o.micro_batch_size, o.seq, cfg.vocab, tok, tgt);

@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
-using loom::comm::thread_comm;
+using loom::comm::any_comm;
 using namespace train3d_suite;
 
 namespace {
@@ -22,7 +22,7 @@ namespace {
 run_result segment(loom::comm::mesh_shape mesh, int zero, int first, int last, const std::string& resume,
                    const std::string& save, std::string* saved_dir = nullptr) {
   run_result out;
-  loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
+  train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
     run_result r = segment_rank(world, mesh, zero, first, last, resume, save, saved_dir);
     if (world.rank() == 0) out = r;
   });
@@ -148,8 +148,8 @@ TEST_CASE("checkpoints: a torn file or another model is refused naming the file 
     auto o = options({1, 1, 1}, 0, "1f1b", micro);
     if (seed) o.seed = seed;
     const std::string m = loom::test::error_of([&] {
-      loom::comm::run_ranks(1, [&](thread_comm& world) {
-        llama3d::trainer<double, double, thread_comm> t(world, tiny(false), o, loom::default_resource<loom::host>());
+      train3d_suite::run_ranks(1, [&](any_comm& world) {
+        llama3d::trainer<double, double, any_comm> t(world, tiny(false), o, loom::default_resource<loom::host>());
         llama3d::load_checkpoint(t, root);
       });
     });
@@ -158,9 +158,9 @@ TEST_CASE("checkpoints: a torn file or another model is refused naming the file 
           std::string::npos);
   }
   const auto o = options({1, 1, 1}, 0, "1f1b", 4);
-  CHECK_THROWS_WITH_AS(loom::comm::run_ranks(1,
-                                             [&](thread_comm& world) {
-                                               llama3d::trainer<double, double, thread_comm> t(world, tiny(false, 3), o,
+  CHECK_THROWS_WITH_AS(train3d_suite::run_ranks(1,
+                                             [&](any_comm& world) {
+                                               llama3d::trainer<double, double, any_comm> t(world, tiny(false, 3), o,
                                                                                                loom::default_resource<loom::host>());
                                                llama3d::load_checkpoint(t, root);
                                              }),

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-using loom::comm::thread_comm;
+using loom::comm::any_comm;
 using namespace train3d_suite;
 
 namespace {
@@ -30,8 +30,8 @@ run_result run_on_data(loom::comm::mesh_shape mesh, int m, const llama::config& 
   auto o = options(mesh, 3, "1f1b", m);
   o.seq = cfg.seq_len;
   run_result out;
-  loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
-    llama3d::trainer<double, double, thread_comm> t(world, cfg, o, loom::default_resource<loom::host>());
+  train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
+    llama3d::trainer<double, double, any_comm> t(world, cfg, o, loom::default_resource<loom::host>());
     auto loader = loom::data::make_batch_loader(data, cfg.vocab, o.seq, o.micro_batch_size, o.seed);
     loom::data::token_batch batch;
     const int G = mesh.dp * m;

@@ -11,6 +11,7 @@
 
 #include <loom/optim/param_groups.hpp>
 
+#include <loom/comm/any_comm.hpp>
 #include <loom/comm/thread_comm.hpp>
 
 #include <support/error_of.hpp>
@@ -26,7 +27,7 @@
 #include <string>
 #include <vector>
 
-using loom::comm::thread_comm;
+using loom::comm::any_comm;
 
 namespace {
 
@@ -45,7 +46,7 @@ struct groups_run {
   std::vector<std::int64_t> group_steps;    // each group's AdamW t at the end (rank 0)
 };
 
-using groups_trainer = llama3d::trainer<double, double, thread_comm>;
+using groups_trainer = llama3d::trainer<double, double, any_comm>;
 
 // n_steps of the schedule (steps from the trainer's own count up to `stop`, -1: to the end);
 // hook(t, false) after construction, hook(t, true) at the end (a checkpoint's load and save).
@@ -59,7 +60,7 @@ groups_run groups_train(loom::comm::mesh_shape mesh, int zero, const loom::optim
   o.adamw.weight_decay = 0.f;
   o.gradient_clipping = 0.f;
   groups_run out;
-  loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
+  train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
     groups_trainer t(world, cfg, o, loom::default_resource<loom::host>());
     if (hook) hook(t, false);
     groups_run r;
@@ -156,7 +157,7 @@ TEST_CASE("progressive unfreezing: a group's Adam moments are allocated when it 
       CAPTURE(lazy);
       o.lazy_group_state = lazy;
       std::vector<int> ok(static_cast<std::size_t>(mesh.size()), 0), grew(ok);
-      loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
+      train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
         loom::host_memory_resource opt_mr("optimizer state");
         groups_trainer t(world, cfg, o, loom::default_resource<loom::host>(), nullptr, &opt_mr);
         // n_g on this rank from the layout's sizes and the tensors' groups
@@ -256,8 +257,8 @@ TEST_CASE("parameter groups: bad input is a loom::error naming it") {
   // one thread rank (the group's trainer instantiation; a self_comm one would cost a compile)
   const auto error = [&] {
     std::string e;
-    loom::comm::run_ranks(1, [&](thread_comm& world) {
-      e = loom::test::error_of([&] { llama3d::trainer<double, double, thread_comm> t(world, cfg, o, loom::default_resource<loom::host>()); });
+    train3d_suite::run_ranks(1, [&](any_comm& world) {
+      e = loom::test::error_of([&] { llama3d::trainer<double, double, any_comm> t(world, cfg, o, loom::default_resource<loom::host>()); });
     });
     return e;
   };
@@ -288,8 +289,8 @@ TEST_CASE("parameter groups under LoRA: the adapters of the top layer first, the
   o.total_steps = 4;
   o.adamw.weight_decay = 0.f;
   std::vector<std::vector<float>> adapters;
-  loom::comm::run_ranks(2, [&](thread_comm& world) {
-    llama3d::trainer<double, double, thread_comm> t(world, cfg, o, loom::default_resource<loom::host>());
+  train3d_suite::run_ranks(2, [&](any_comm& world) {
+    llama3d::trainer<double, double, any_comm> t(world, cfg, o, loom::default_resource<loom::host>());
     std::vector<std::vector<float>> a{t.consolidated_lora()};
     for (int s = 0; s < 4; ++s) {
       t.step([&](std::int64_t step, int gm, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
@@ -368,7 +369,7 @@ hybrid_run hybrid_train(loom::comm::mesh_shape mesh, int zero, bool grouped) {
     o.total_steps = 10;
   }
   hybrid_run out;
-  loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
+  train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
     groups_trainer t(world, cfg, o, loom::default_resource<loom::host>());
     hybrid_run r;
     r.bases.push_back(t.base_params());

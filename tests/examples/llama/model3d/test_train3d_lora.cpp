@@ -10,6 +10,7 @@
 #include <llama/generate/llama_loader.hpp>
 #include <llama/train3d/lora_peft.hpp>
 
+#include <loom/comm/any_comm.hpp>
 #include <loom/comm/thread_comm.hpp>
 
 #include <loom/io/safetensors.hpp>
@@ -26,7 +27,7 @@
 #include <unistd.h>
 #include <vector>
 
-using loom::comm::thread_comm;
+using loom::comm::any_comm;
 
 namespace {
 
@@ -60,8 +61,8 @@ lora_run lora_train(const llama::config& cfg, loom::comm::mesh_shape mesh, int z
   o.adamw.lr = 1e-2f;
   lora_run out;
   std::vector<int> unchanged(static_cast<std::size_t>(mesh.size()), 0);
-  loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
-    llama3d::trainer<double, double, thread_comm> t(world, cfg, o, loom::default_resource<loom::host>());
+  train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
+    llama3d::trainer<double, double, any_comm> t(world, cfg, o, loom::default_resource<loom::host>());
     const std::vector<double> base0 = t.base_params();
     lora_run r;
     for (int s = 0; s < n_steps; ++s)
@@ -78,7 +79,7 @@ lora_run lora_train(const llama::config& cfg, loom::comm::mesh_shape mesh, int z
   return out;
 }
 
-using lora_model = llama3d::stage_model<double, double, thread_comm>;
+using lora_model = llama3d::stage_model<double, double, any_comm>;
 using lora_adapters = llama3d::stage_lora<double, double>;
 
 // Every adapted weight of m := W0 (frozen) + scaling B A (lp: the adapters' flat buffer).
@@ -87,7 +88,7 @@ void lora_merge_all(const lora_adapters& lo, const std::vector<double>& lp, cons
     lo.merge(u, lo.layout().unit(std::span<const double>(lp), u), std::span<const double>(frozen), m.params());
 }
 // lg += the adapters' gradients from m's weight gradients.
-void lora_grads_all(const lora_adapters& lo, thread_comm& self, std::vector<double>& lp, std::vector<double>& lg, lora_model& m) {
+void lora_grads_all(const lora_adapters& lo, any_comm& self, std::vector<double>& lp, std::vector<double>& lg, lora_model& m) {
   loom::nn::workspace<double> ws;
   for (std::size_t u = 0; u < lo.units(); ++u)
     lo.backward(self, u, lo.layout().unit(std::span<double>(lp), u), lo.layout().unit(std::span<double>(lg), u),
@@ -168,7 +169,7 @@ struct dropout_reference {
 
 // The loss and the adapters' mean gradient of step `step` of a run with options o, adapters
 // `adapters` (single-rank layout), from the stage model with naive_lora behind every adapted layer.
-dropout_reference dropout_reference_step(thread_comm& self, const llama::config& cfg, const llama3d::train_options& o,
+dropout_reference dropout_reference_step(any_comm& self, const llama::config& cfg, const llama3d::train_options& o,
                                          const std::vector<float>& adapters, std::int64_t step) {
   const auto full = llama3d::lora_full_layout(*o.lora, cfg);
   dropout_reference out;
@@ -224,7 +225,7 @@ void lora_compare(const lora_run& got, const lora_run& want) {
 TEST_CASE("LoRA gradients (merged-weight path) equal finite differences of the decoder's loss (LLaMA, ChatGLM)") {
   for (const llama::config& cfg : {train3d_suite::tiny(false), lora_tiny_glm()}) {
     CAPTURE(cfg.model_type);
-    loom::comm::run_ranks(1, [&](thread_comm& self) {
+    train3d_suite::run_ranks(1, [&](any_comm& self) {
       lora_model m(cfg, self, 0, 1);
       m.init(5);
       lora_adapters lo(lora_cfg(cfg), cfg, m.layout(), m.shards(), m.layers(), {});
@@ -302,8 +303,8 @@ TEST_CASE("LoRA dropout in the trainer: loss, dA and dB equal dense loops drawin
     o.lora->lora_dropout = 0.3;
     o.adamw.lr = 1e-2f;
     o.checkpointing = true;  // the recompute draws the forward's masks again
-    loom::comm::run_ranks(1, [&](thread_comm& world) {
-      llama3d::trainer<double, double, thread_comm> t(world, cfg, o, loom::default_resource<loom::host>());
+    train3d_suite::run_ranks(1, [&](any_comm& world) {
+      llama3d::trainer<double, double, any_comm> t(world, cfg, o, loom::default_resource<loom::host>());
       auto data = [&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
         llama3d::counting_batch(7, step, g, o.micro_batch_size, o.seq, cfg.vocab, tok, tgt);
       };
@@ -358,12 +359,12 @@ TEST_CASE("LoRA dropout 0.2: tp 2, dp 2 ZeRO-3 and pp 2 with checkpointing repro
 
 TEST_CASE("LoRA in the trainer refuses targets the model lacks, a dropout outside [0, 1), r <= 0, naming them") {
   using loom::test::error_of;
-  loom::comm::run_ranks(1, [&](thread_comm& world) {
+  train3d_suite::run_ranks(1, [&](any_comm& world) {
     auto make = [&](const llama::config& cfg, auto edit) {
       auto o = train3d_suite::options({1, 1, 1}, 0, "1f1b", 2);
       o.lora = lora_cfg(cfg);
       edit(*o.lora);
-      return error_of([&] { llama3d::trainer<double, double, thread_comm> t(world, cfg, o, loom::default_resource<loom::host>()); });
+      return error_of([&] { llama3d::trainer<double, double, any_comm> t(world, cfg, o, loom::default_resource<loom::host>()); });
     };
     CHECK(make(lora_tiny_glm(), [](auto& l) { l.target_modules = {"q_proj"}; })
               .find("target module 'q_proj' is not a layer of this chatglm model") != std::string::npos);
@@ -395,7 +396,7 @@ TEST_CASE("LoRA on the HF LLaMA: loom's logits, loss, dA and dB equal PyTorch's 
   std::ifstream(dir / "llama_expected.json") >> expected;
   const loom::index_t b = expected["batch"].get<loom::index_t>(), s = expected["seq"].get<loom::index_t>();
   const auto tokens = expected["tokens"].get<std::vector<std::int32_t>>(), targets = expected["targets"].get<std::vector<std::int32_t>>();
-  loom::comm::run_ranks(1, [&](thread_comm& self) {
+  train3d_suite::run_ranks(1, [&](any_comm& self) {
     lora_model m(cfg, self, 0, 1);
     const auto meta = loom::io::read_safetensors((dir / "llama_meta_half.safetensors").string());  // Meta's names, HF's rows
     for (const auto& e : m.layout().entries()) {
@@ -457,8 +458,8 @@ TEST_CASE("a LoRA run's PEFT folder: exported on (2,2,1) ZeRO-3, imported on (1,
     return o;
   };
   std::vector<float> exported;
-  loom::comm::run_ranks(4, [&](thread_comm& world) {
-    llama3d::trainer<double, double, thread_comm> t(world, cfg, opts({2, 2, 1}, 3), loom::default_resource<loom::host>());
+  train3d_suite::run_ranks(4, [&](any_comm& world) {
+    llama3d::trainer<double, double, any_comm> t(world, cfg, opts({2, 2, 1}, 3), loom::default_resource<loom::host>());
     for (int s = 0; s < 3; ++s)
       t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
         llama3d::counting_batch(7, step, g, 2, 8, cfg.vocab, tok, tgt);
@@ -483,8 +484,8 @@ TEST_CASE("a LoRA run's PEFT folder: exported on (2,2,1) ZeRO-3, imported on (1,
   for (const auto& [mesh, zero] : {std::pair{loom::comm::mesh_shape{1, 1, 2}, 1}, {loom::comm::mesh_shape{1, 1, 1}, 0}}) {
     CAPTURE(mesh.pp);
     std::vector<float> got;
-    loom::comm::run_ranks(mesh.size(), [&](thread_comm& world) {
-      llama3d::trainer<double, double, thread_comm> t(world, cfg, opts(mesh, zero), loom::default_resource<loom::host>());
+    train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
+      llama3d::trainer<double, double, any_comm> t(world, cfg, opts(mesh, zero), loom::default_resource<loom::host>());
       llama3d::import_lora_peft(t, dir.string());
       auto a = t.consolidated_lora();
       if (world.rank() == 0) got = std::move(a);
@@ -492,10 +493,10 @@ TEST_CASE("a LoRA run's PEFT folder: exported on (2,2,1) ZeRO-3, imported on (1,
     CHECK(got == exported);
   }
   // refused, naming what does not fit: another r; a tensor of another shape
-  loom::comm::run_ranks(1, [&](thread_comm& world) {
+  train3d_suite::run_ranks(1, [&](any_comm& world) {
     auto o = opts({1, 1, 1}, 0);
     o.lora->r = 8;
-    llama3d::trainer<double, double, thread_comm> t8(world, cfg, o, loom::default_resource<loom::host>());
+    llama3d::trainer<double, double, any_comm> t8(world, cfg, o, loom::default_resource<loom::host>());
     CHECK(error_of([&] { llama3d::import_lora_peft(t8, dir.string()); }).find("r=4 lora_alpha=8 use_rslora=0, this run has r=8") !=
           std::string::npos);
     loom::io::tensor_map bad;
@@ -507,7 +508,7 @@ TEST_CASE("a LoRA run's PEFT folder: exported on (2,2,1) ZeRO-3, imported on (1,
       bad[name] = std::move(c);
     }
     loom::lora::save_peft((dir / "bad").string(), file.cfg, bad);
-    llama3d::trainer<double, double, thread_comm> t(world, cfg, opts({1, 1, 1}, 0), loom::default_resource<loom::host>());
+    llama3d::trainer<double, double, any_comm> t(world, cfg, opts({1, 1, 1}, 0), loom::default_resource<loom::host>());
     CHECK(error_of([&] { llama3d::import_lora_peft(t, (dir / "bad").string()); })
               .find("tensor 'base_model.model.model.layers.0.mlp.up_proj.lora_A.weight' has shape [4,15]") != std::string::npos);
   });
@@ -519,11 +520,11 @@ TEST_CASE("LoRA under ZeRO-2 on dp 2: gradients and optimizer state exist for th
   auto o = train3d_suite::options({2, 1, 1}, 2, "1f1b", 2);
   std::vector<loom::zero::state_bytes> full(2), lora(2);
   std::size_t n_lora = 0;
-  loom::comm::run_ranks(2, [&](thread_comm& world) {
-    llama3d::trainer<double, double, thread_comm> base(world, cfg, o, loom::default_resource<loom::host>());
+  train3d_suite::run_ranks(2, [&](any_comm& world) {
+    llama3d::trainer<double, double, any_comm> base(world, cfg, o, loom::default_resource<loom::host>());
     auto lo = o;
     lo.lora = lora_cfg(cfg);
-    llama3d::trainer<double, double, thread_comm> t(world, cfg, lo, loom::default_resource<loom::host>());
+    llama3d::trainer<double, double, any_comm> t(world, cfg, lo, loom::default_resource<loom::host>());
     full[static_cast<std::size_t>(world.rank())] = base.bytes();
     lora[static_cast<std::size_t>(world.rank())] = t.bytes();
     if (world.rank() == 0) n_lora = t.lora()->layout().size();

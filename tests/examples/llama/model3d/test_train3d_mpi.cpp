@@ -14,7 +14,8 @@
 using namespace train3d_suite;
 
 TEST_CASE("3D training on MPI ranks reproduces the (1,1,1) run") {
-  loom::comm::mpi_comm world = loom::comm::mpi_comm::world();
+  loom::comm::mpi_comm mpi = loom::comm::mpi_comm::world();
+  loom::comm::any_comm world(std::ref(mpi));  // the thread-rank tests' trainer instantiation
   const int n = world.size();
   std::vector<loom::comm::mesh_shape> meshes;
   if (n == 4) meshes = {{2, 2, 1}, {1, 2, 2}};
@@ -47,7 +48,8 @@ TEST_CASE("3D training on MPI ranks reproduces the (1,1,1) run") {
 
 TEST_CASE("a checkpoint saved by MPI ranks resumes bit for bit on its mesh and stage, within 1e-5 at another stage and world size") {
   // every process runs one rank; the directory is shared (one machine, or a shared filesystem)
-  loom::comm::mpi_comm world = loom::comm::mpi_comm::world();
+  loom::comm::mpi_comm mpi = loom::comm::mpi_comm::world();
+  loom::comm::any_comm world(std::ref(mpi));  // the thread-rank tests' trainer instantiation
   const int n = world.size();
   const loom::comm::mesh_shape mesh = n == 8 ? loom::comm::mesh_shape{2, 2, 2} : loom::comm::mesh_shape{2, 2, 1};
   REQUIRE(mesh.size() == n);
@@ -64,7 +66,7 @@ TEST_CASE("a checkpoint saved by MPI ranks resumes bit for bit on its mesh and s
   CHECK(same.master == want.master);
   compare(segment_rank(world, mesh, 1, half_steps, steps, root, ""), want);
   {  // a different world size: half of the processes resume it (the others wait)
-    loom::comm::mpi_comm half = world.split(world.rank() < n / 2 ? 0 : 1, world.rank());
+    loom::comm::any_comm half = world.split(world.rank() < n / 2 ? 0 : 1, world.rank());
     if (world.rank() < n / 2) {
       const std::vector<std::pair<loom::comm::mesh_shape, int>> to =
           n == 8 ? std::vector<std::pair<loom::comm::mesh_shape, int>>{{{1, 2, 2}, 3}, {{4, 1, 1}, 1}}
@@ -82,7 +84,8 @@ TEST_CASE("a checkpoint saved by MPI ranks resumes bit for bit on its mesh and s
 }
 
 TEST_CASE("init_from_hf on MPI ranks: each process reads its slices of an HF LLaMA folder, the master equals the folder") {
-  loom::comm::mpi_comm world = loom::comm::mpi_comm::world();
+  loom::comm::mpi_comm mpi = loom::comm::mpi_comm::world();
+  loom::comm::any_comm world(std::ref(mpi));  // the thread-rank tests' trainer instantiation
   const int n = world.size();
   const loom::comm::mesh_shape mesh = n == 8 ? loom::comm::mesh_shape{2, 2, 2} : loom::comm::mesh_shape{2, 2, 1};
   REQUIRE(mesh.size() == n);
@@ -92,7 +95,7 @@ TEST_CASE("init_from_hf on MPI ranks: each process reads its slices of an HF LLa
   const std::string dir = "train3d_mpi_init_hf_np" + std::to_string(n);
   if (world.rank() == 0) write_hf_llama(dir, w);
   world.barrier();
-  llama3d::trainer<double, double, loom::comm::mpi_comm> t(world, cfg, options(mesh, 3, "1f1b", 2), loom::default_resource<loom::host>());
+  llama3d::trainer<double, double, loom::comm::any_comm> t(world, cfg, options(mesh, 3, "1f1b", 2), loom::default_resource<loom::host>());
   llama3d::hf_read_stats stats;
   llama3d::init_from_hf(t, dir, stats);
   std::size_t owned = 0;

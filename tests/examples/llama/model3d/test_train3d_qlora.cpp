@@ -11,6 +11,7 @@
 // above every projection): the same losses and adapters, bit for bit.
 #include "train3d_suite.hpp"
 
+#include <loom/comm/any_comm.hpp>
 #include <loom/comm/thread_comm.hpp>
 #include <loom/quant/nf4.hpp>
 
@@ -24,11 +25,11 @@
 #include <string>
 #include <vector>
 
-using loom::comm::thread_comm;
+using loom::comm::any_comm;
 
 namespace {
 
-using qlora_trainer = llama3d::trainer<float, float, thread_comm>;
+using qlora_trainer = llama3d::trainer<float, float, any_comm>;
 
 // Targets on both splits: q/v/up column-parallel, o/down row-parallel.
 loom::lora::config qlora_adapters(loom::index_t r = 4) {
@@ -84,7 +85,7 @@ qlora_result qlora_run(const llama::config& cfg, const llama3d::train_options& o
   out.base.assign(full.size(), 0.f);
   out.quantised.assign(full.size(), 0);
   std::mutex mu;
-  loom::comm::run_ranks(o.mesh.size(), [&](thread_comm& world) {
+  train3d_suite::run_ranks(o.mesh.size(), [&](any_comm& world) {
     qlora_trainer t(world, cfg, o, loom::default_resource<loom::host>());
     set_biases(t);
     const auto& m = t.model();
@@ -120,7 +121,7 @@ qlora_result merged_oracle(const llama::config& cfg, const qlora_result& q, int 
   o.lora = adapters;
   qlora_result out;
   double moved = 0;
-  loom::comm::run_ranks(1, [&](thread_comm& world) {
+  train3d_suite::run_ranks(1, [&](any_comm& world) {
     qlora_trainer t(world, cfg, o, loom::default_resource<loom::host>());
     auto p = t.model().params();  // one rank: the single-rank layout itself
     REQUIRE(p.size() >= q.base.size());
@@ -221,7 +222,7 @@ TEST_CASE("QLoRA under ZeRO-3: a base read in (set_frozen_weight, as init_from_h
   qlora_result runs[2];  // the base partitioned, then whole on every rank
   for (const int whole : {0, 1}) {
     o.stage3.persistence_threshold = whole ? std::size_t(1) << 40 : 0;
-    loom::comm::run_ranks(o.mesh.size(), [&](thread_comm& world) {
+    train3d_suite::run_ranks(o.mesh.size(), [&](any_comm& world) {
       qlora_trainer t(world, cfg, o, loom::default_resource<loom::host>());
       const auto& m = t.model();
       bool same = true;
@@ -271,7 +272,7 @@ TEST_CASE("QLoRA memory on dp 4, LoRA r 16 on q_proj and v_proj: the base's byte
       std::vector<std::size_t> measured(4), expected(4), parts(4), model(4);
       std::vector<loom::zero::state_bytes> states(4);
       std::size_t adapters = 0;
-      loom::comm::run_ranks(4, [&](thread_comm& world) {
+      train3d_suite::run_ranks(4, [&](any_comm& world) {
         const auto r = static_cast<std::size_t>(world.rank());
         qlora_trainer t(world, cfg, o, loom::default_resource<loom::host>());
         measured[r] = t.frozen_base_bytes();
@@ -317,7 +318,7 @@ TEST_CASE("QLoRA memory on dp 4, LoRA r 16 on q_proj and v_proj: the base's byte
       // slices, so a rank holds no more than the whole base, as a replicated one does
       o.stage3.prefetch_numel = std::size_t(1) << 40;
       std::vector<std::size_t> greedy(4);
-      loom::comm::run_ranks(4, [&](thread_comm& world) {
+      train3d_suite::run_ranks(4, [&](any_comm& world) {
         greedy[static_cast<std::size_t>(world.rank())] = qlora_trainer(world, cfg, o, loom::default_resource<loom::host>()).frozen_base_bytes();
       });
       for (const std::size_t g : greedy) CHECK(g <= whole);
@@ -326,7 +327,7 @@ TEST_CASE("QLoRA memory on dp 4, LoRA r 16 on q_proj and v_proj: the base's byte
 
 TEST_CASE("QLoRA refuses what a quantised base cannot do, naming the option") {
   const llama::config cfg = train3d_suite::tiny(false);
-  loom::comm::run_ranks(1, [&](thread_comm& world) {
+  train3d_suite::run_ranks(1, [&](any_comm& world) {
     auto o = qlora_options({1, 1, 1}, 0, llama3d::lora_base::nf4);
     o.groups.groups.push_back({"lora", {"*lora_*"}, {}, {}, {}, {}});
     o.groups.phases = {{0.5, {"lora"}}, {1.0, {"lora", "base"}}};
@@ -334,7 +335,7 @@ TEST_CASE("QLoRA refuses what a quantised base cannot do, naming the option") {
     CHECK(loom::test::error_of([&] { qlora_trainer(world, cfg, o, loom::default_resource<loom::host>()); })
               .find("lora_base=nf4 is frozen and quantised, but progressive_unfreezing trains base tensor") != std::string::npos);
     auto d = qlora_options({1, 1, 1}, 0, llama3d::lora_base::bf16);
-    CHECK(loom::test::error_of([&] { llama3d::trainer<double, double, thread_comm>(world, cfg, d, loom::default_resource<loom::host>()); })
+    CHECK(loom::test::error_of([&] { llama3d::trainer<double, double, any_comm>(world, cfg, d, loom::default_resource<loom::host>()); })
               .find("lora_base=bf16 dequantises into float GEMMs") != std::string::npos);
     auto b = qlora_options({1, 1, 1}, 0, llama3d::lora_base::nf4);
     b.nf4.block_size = 64;

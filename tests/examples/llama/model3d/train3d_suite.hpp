@@ -3,16 +3,32 @@
 // training on one rank of any communicator, and the comparison with the (1,1,1) run.
 #include <llama/train3d/train3d.hpp>
 
+#include <loom/comm/any_comm.hpp>
 #include <loom/comm/thread_comm.hpp>
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <string>
 #include <vector>
 
+// The tests' double-precision trainer, over any_comm on every backend (thread ranks here, MPI
+// processes in test_train3d_mpi), is compiled once, in trainers.cpp.
+extern template class llama3d::trainer<double, double, loom::comm::any_comm>;
+
 namespace train3d_suite {
+
+/// loom::comm::run_ranks with each thread rank's communicator erased (any_comm): the trainers
+/// the tests make on thread ranks are the same instantiation as under mpirun.
+template <class F>
+void run_ranks(int n, F&& f) {
+  loom::comm::run_ranks(n, [&](loom::comm::thread_comm& ranks) {
+    loom::comm::any_comm world(std::ref(ranks));
+    f(world);
+  });
+}
 
 inline llama::config tiny(bool tied, loom::index_t layers = 2) {
   llama::config c;
@@ -67,7 +83,7 @@ inline run_result run(loom::comm::mesh_shape mesh, int zero, const std::string& 
   run_result out;
   auto o = options(mesh, zero, schedule, m);
   o.chunks = chunks;
-  loom::comm::run_ranks(mesh.size(), [&](loom::comm::thread_comm& world) {
+  train3d_suite::run_ranks(mesh.size(), [&](loom::comm::any_comm& world) {
     auto r = run_rank(world, o, tied, layers);
     if (world.rank() == 0) out = r;
   });
