@@ -36,10 +36,12 @@ case "$mode" in
     # run's cases (the 2-rank run, sweep included, stays; 4 ranks run unsanitized).
     # The programs' mpirun runs (llama-generate, llama-serve) are the thread-rank paths over
     # mpi_comm, both sanitized here apart (the engine's and the CLIs' thread-rank tests, the
-    # MPI suites): of them, the np 2 runs, the fault and the server stay; np 4, the hostfile
-    # and the checkpoint files (and their fixtures) run unsanitized in the main suite.
+    # MPI suites): of them, the np 2 runs, the fault and the server stay; np 4, the hostfile,
+    # the 32-sequence workloads and the checkpoint files (and their fixtures, and the memory
+    # refusal that reads one) run unsanitized in the main suite.
     exclude='^(install_consumer_test|test_train3d_mpi\.np8|comm_thread_comm_test|comm_mpi_comm_test\.np4'
-    exclude+='|llama_generate_mpi_(np4_.*|np2_a_v1\.bin|np2_hf|hostfile4|tp_mismatch|checkpoints|hf_.*)|llama_serve_mpi_np4)$'
+    exclude+='|llama_generate_mpi_(np4_.*|np2_32seq_.*|np2_a_v1\.bin|np2_hf|hostfile4|tp_mismatch|checkpoints|hf_.*)'
+    exclude+='|llama_generate_cli_memory_checkpoint_refused|llama_serve_mpi_np4)$'
     ctest --test-dir "$dir" --output-on-failure -j "$jobs" -E "$exclude" -LE mpi "$@"
     # thread_comm's op x type x size sweep (2^20+3 elements on 1..8 ranks) runs past its
     # timeout under ASan as under TSan; its other cases run here, the sweep unsanitized in

@@ -114,15 +114,49 @@ if(LOOM_HAS_MPI)
                    -DTP=2 -DPP=2 "-DLAUNCH=${_mpi};4" -P ${_same})
   set_tests_properties(llama_generate_mpi_np4_32seq PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2 ENVIRONMENT OPENBLAS_NUM_THREADS=1
                        FAIL_REGULAR_EXPRESSION "; 0 preemptions")
-  # The same workload on the ChatGLM folder: its fused query_key_value split over tp 2 and its
-  # layers over 2 pipeline stages, each process reading only its slice of the files.
+  # The same workload on the ChatGLM folder (its fused query_key_value split over tp 2, its
+  # layers over 2 pipeline stages, each process reading only its slice of the files), and both
+  # models at tp 2 and at pp 2 alone on 2 processes.
+  set(_w32 "--prompt-file;${_p32};--max-new;24;--temperature;0;--blocks;40;--block-size;4;--budget;48")
+  set(_models llama)
+  if(LOOM_HAS_JSON)  # llama-train wrote the folder
+    list(APPEND _models chatglm)
+  endif()
+  foreach(_model ${_models})
+    if(_model STREQUAL "chatglm")
+      set(_source "--checkpoint;${CMAKE_CURRENT_BINARY_DIR}/mpi_hf_chatglm")
+    else()
+      set(_source "--random")
+    endif()
+    foreach(_run "np4_chatglm_32seq;4;-DTP=2;-DPP=2" "np2_32seq_${_model}_tp2;2;-DTP=2;-DPP=1" "np2_32seq_${_model}_pp2;2;-DTP=1;-DPP=2")
+      list(GET _run 0 _name)
+      if(_name STREQUAL "np4_chatglm_32seq" AND NOT _model STREQUAL "chatglm")
+        continue()  # LLaMA's np 4 run is llama_generate_mpi_np4_32seq above
+      endif()
+      list(GET _run 1 _np)
+      list(GET _run 2 _tp)
+      list(GET _run 3 _pp)
+      add_test(NAME llama_generate_mpi_${_name}
+               COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-generate>;${_source};${_w32}" ${_tp} ${_pp} "-DLAUNCH=${_mpi};${_np}" -P ${_same})
+      set_tests_properties(llama_generate_mpi_${_name} PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2 ENVIRONMENT OPENBLAS_NUM_THREADS=1
+                           FAIL_REGULAR_EXPRESSION "; 0 preemptions")
+      if(_model STREQUAL "chatglm")
+        set_tests_properties(llama_generate_mpi_${_name} PROPERTIES FIXTURES_REQUIRED llama_generate_hf_chatglm)
+      endif()
+    endforeach()
+  endforeach()
+  # A checkpoint larger than the memory limit per rank: refused on one rank with the figures and
+  # the smallest tp that fits; the same files and limit on 4 processes generate.
   if(LOOM_HAS_JSON)
-    add_test(NAME llama_generate_mpi_np4_chatglm_32seq
-             COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-generate>;--checkpoint;${CMAKE_CURRENT_BINARY_DIR}/mpi_hf_chatglm;--prompt-file;${_p32};--max-new;24;--temperature;0;--blocks;40;--block-size;4;--budget;48"
-                     -DTP=2 -DPP=2 "-DLAUNCH=${_mpi};4" -P ${_same})
-    set_tests_properties(llama_generate_mpi_np4_chatglm_32seq PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2
-                         FIXTURES_REQUIRED llama_generate_hf_chatglm ENVIRONMENT OPENBLAS_NUM_THREADS=1
-                         FAIL_REGULAR_EXPRESSION "; 0 preemptions")
+    add_test(NAME llama_generate_cli_memory_checkpoint_refused
+             COMMAND llama-generate --checkpoint ${CMAKE_CURRENT_BINARY_DIR}/mpi_hf_llama --tp 1 --max-memory-per-rank 2M)
+    set_tests_properties(llama_generate_cli_memory_checkpoint_refused PROPERTIES TIMEOUT 60 FIXTURES_REQUIRED llama_generate_hf_llama
+                         PASS_REGULAR_EXPRESSION "does not fit --max-memory-per-rank 2097152 bytes at --tp 1: each rank needs [0-9]+ bytes \\(weights [0-9]+ \\+ KV pool [0-9]+ \\+ workspace [0-9]+\\); the smallest tp that fits is 4")
+    add_test(NAME llama_generate_mpi_np4_memory_checkpoint
+             COMMAND ${_mpi} 4 $<TARGET_FILE:llama-generate> --checkpoint ${CMAKE_CURRENT_BINARY_DIR}/mpi_hf_llama --max-memory-per-rank 2M
+                     --prompt "1 5 7" --max-new 4 --temperature 0)
+    set_tests_properties(llama_generate_mpi_np4_memory_checkpoint PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2 FIXTURES_REQUIRED llama_generate_hf_llama
+                         ENVIRONMENT OPENBLAS_NUM_THREADS=1 PASS_REGULAR_EXPRESSION "rank 0 of 4 holds weights [0-9]+ .*tokens generated")
   endif()
   # Launched from a DeepSpeed-format hostfile as llama-train is: 4 slots on localhost, no --oversubscribe.
   file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/hostfile.slots4 "localhost slots=4\n")
