@@ -2,6 +2,8 @@
 // the same parameters), and 3D training runs against the (1,1,1) run.
 #include <llama/model/llama.hpp>
 #include <llama/model3d/llama3d.hpp>
+#include "train3d_suite.hpp"
+
 #include <llama/train3d/train3d.hpp>
 
 #include <loom/comm/mesh.hpp>
@@ -22,7 +24,7 @@
 namespace llama3d_model_test {
 
 using loom::index_t;
-using loom::comm::thread_comm;
+using loom::comm::any_comm;
 
 namespace {
 
@@ -119,9 +121,9 @@ void check_mesh(const llama::config& c, std::initializer_list<mesh_shape> shapes
     }
     std::vector<double> err(static_cast<std::size_t>(sh.tp * sh.pp), 0), param_err(err.size(), 0);
     std::vector<double> losses(err.size(), 0);
-    loom::comm::run_ranks(sh.tp * sh.pp, [&](thread_comm& world) {
-      loom::comm::mesh<thread_comm> mesh(world, 1, sh.tp, sh.pp);
-      llama3d::stage_model<double, double, thread_comm> st(c, mesh.tp(), mesh.coord().pp, sh.pp);
+    train3d_suite::run_ranks(sh.tp * sh.pp, [&](any_comm& world) {
+      loom::comm::mesh<any_comm> mesh(world, 1, sh.tp, sh.pp);
+      llama3d::stage_model<double, double, any_comm> st(c, mesh.tp(), mesh.coord().pp, sh.pp);
       const auto off = [&](const std::string& nm) { return full.layout().find(nm).offset; };
       st.init(42);
       if (perturb) loom::nn::tp::load_shards(st.shards(), std::span<const double>(full.params()), st.params(), off);
@@ -173,28 +175,28 @@ TEST_CASE("tensor x pipeline ChatGLM (fused q/k/v with biases, fused gate/up, ha
 }
 
 TEST_CASE("bad meshes and splits are refused with an error naming them") {
-  loom::comm::run_ranks(1, [](thread_comm& w) {
+  train3d_suite::run_ranks(1, [](any_comm& w) {
     auto c = small();
     c.n_heads = 4, c.n_kv_heads = 4;
-    CHECK_THROWS_WITH_AS((llama3d::stage_model<float, float, thread_comm>(c, w, 0, 4)),
+    CHECK_THROWS_WITH_AS((llama3d::stage_model<float, float, any_comm>(c, w, 0, 4)),
                          doctest::Contains("n_layers (3) must be >= pp (4)"), loom::error);
     llama3d::train_options o;
     o.mesh = {2, 1, 1};
-    CHECK_THROWS_WITH_AS((llama3d::trainer<float, float, thread_comm>(w, c, o, loom::default_resource<loom::host>())),
+    CHECK_THROWS_WITH_AS((llama3d::trainer<float, float, any_comm>(w, c, o, loom::default_resource<loom::host>())),
                          doctest::Contains("must equal the world size 1"), loom::error);
     o.mesh = {1, 1, 1};
     o.schedule = "zigzag";
-    CHECK_THROWS_WITH_AS((llama3d::trainer<float, float, thread_comm>(w, c, o, loom::default_resource<loom::host>())),
+    CHECK_THROWS_WITH_AS((llama3d::trainer<float, float, any_comm>(w, c, o, loom::default_resource<loom::host>())),
                          doctest::Contains("schedule 'zigzag' is not supported"), loom::error);
     o.schedule = "interleaved";
     o.chunks = 4;  // 1 stage x 4 chunks > 3 layers
-    CHECK_THROWS_WITH_AS((llama3d::trainer<float, float, thread_comm>(w, c, o, loom::default_resource<loom::host>())),
+    CHECK_THROWS_WITH_AS((llama3d::trainer<float, float, any_comm>(w, c, o, loom::default_resource<loom::host>())),
                          doctest::Contains("n_layers (3) must be >= pp x chunks (1 x 4)"), loom::error);
   });
-  loom::comm::run_ranks(4, [](thread_comm& w) {
+  train3d_suite::run_ranks(4, [](any_comm& w) {
     auto c = small();
     c.n_heads = 6, c.dim = 36, c.n_kv_heads = 6;
-    CHECK_THROWS_WITH_AS((llama3d::stage_model<float, float, thread_comm>(c, w, 0, 1)),
+    CHECK_THROWS_WITH_AS((llama3d::stage_model<float, float, any_comm>(c, w, 0, 1)),
                          doctest::Contains("n_heads (6) must be divisible by tp (4)"), loom::error);
   });
 }

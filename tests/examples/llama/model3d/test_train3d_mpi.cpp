@@ -15,7 +15,7 @@ using namespace train3d_suite;
 
 TEST_CASE("3D training on MPI ranks reproduces the (1,1,1) run") {
   loom::comm::mpi_comm mpi = loom::comm::mpi_comm::world();
-  loom::comm::any_comm world(std::ref(mpi));  // the thread-rank tests' trainer instantiation
+  loom::comm::any_comm world(std::ref(mpi));  // the trainer type of the thread-rank tests
   const int n = world.size();
   std::vector<loom::comm::mesh_shape> meshes;
   if (n == 4) meshes = {{2, 2, 1}, {1, 2, 2}};
@@ -49,7 +49,7 @@ TEST_CASE("3D training on MPI ranks reproduces the (1,1,1) run") {
 TEST_CASE("a checkpoint saved by MPI ranks resumes bit for bit on its mesh and stage, within 1e-5 at another stage and world size") {
   // every process runs one rank; the directory is shared (one machine, or a shared filesystem)
   loom::comm::mpi_comm mpi = loom::comm::mpi_comm::world();
-  loom::comm::any_comm world(std::ref(mpi));  // the thread-rank tests' trainer instantiation
+  loom::comm::any_comm world(std::ref(mpi));  // the trainer type of the thread-rank tests
   const int n = world.size();
   const loom::comm::mesh_shape mesh = n == 8 ? loom::comm::mesh_shape{2, 2, 2} : loom::comm::mesh_shape{2, 2, 1};
   REQUIRE(mesh.size() == n);
@@ -85,7 +85,7 @@ TEST_CASE("a checkpoint saved by MPI ranks resumes bit for bit on its mesh and s
 
 TEST_CASE("init_from_hf on MPI ranks: each process reads its slices of an HF LLaMA folder, the master equals the folder") {
   loom::comm::mpi_comm mpi = loom::comm::mpi_comm::world();
-  loom::comm::any_comm world(std::ref(mpi));  // the thread-rank tests' trainer instantiation
+  loom::comm::any_comm world(std::ref(mpi));  // the trainer type of the thread-rank tests
   const int n = world.size();
   const loom::comm::mesh_shape mesh = n == 8 ? loom::comm::mesh_shape{2, 2, 2} : loom::comm::mesh_shape{2, 2, 1};
   REQUIRE(mesh.size() == n);

@@ -14,14 +14,11 @@
 #include <string>
 #include <vector>
 
-// The tests' double-precision trainer, over any_comm on every backend (thread ranks here, MPI
-// processes in test_train3d_mpi), is compiled once, in trainers.cpp.
-extern template class llama3d::trainer<double, double, loom::comm::any_comm>;
-
 namespace train3d_suite {
 
-/// loom::comm::run_ranks with each thread rank's communicator erased (any_comm): the trainers
-/// the tests make on thread ranks are the same instantiation as under mpirun.
+/// loom::comm::run_ranks with each thread rank's communicator erased (any_comm): the tests'
+/// trainers and stage models are over any_comm on every backend, as the program's are, so the
+/// trainer test group instantiates each once, and the float trainers are llama_train_lib's.
 template <class F>
 void run_ranks(int n, F&& f) {
   loom::comm::run_ranks(n, [&](loom::comm::thread_comm& ranks) {
