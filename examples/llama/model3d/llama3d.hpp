@@ -31,6 +31,11 @@
 //   m.units(), m.forward_units(), m.backward_units(): the pieces ZeRO-3 gathers, in pass order
 //   m.set_param_source(src)            // layers read each unit from src (a ZeRO engine) instead
 //
+// A model built with gradients = false holds no gradient buffer (grads() is empty until
+// use_storage gives one): nothing in its flat buffer trains (a frozen base whose adapters keep
+// their gradients elsewhere), so backward computes every input gradient and no weight, bias,
+// norm or embedding gradient (the layers take an empty gradient span as frozen).
+//
 // Layers are split over pp stages as evenly as possible (the first L % pp stages get one
 // more); the embedding lives on the first stage, the final norm and output projection on the
 // last. With tied embeddings and pp > 1 the last stage holds a copy of its vocabulary shard
@@ -299,14 +304,16 @@ class stage_model {
   /// cuts them into equal slices).
   /// frozen_projections: the blocks' projections are not in the flat buffers (stage_layers);
   /// a frozen op must back each of them (for_each_frozen_linear) before the first pass.
+  /// gradients false: no gradient buffer and no parameter gradient computed (see the file
+  /// comment); use_storage may give one later.
   stage_model(const llama::config& c, C& tp_comm, int stage, int stages,
               loom::memory_resource& mr = loom::default_resource<loom::host>(), std::size_t pad_to = 1,
-              bool frozen_projections = false)
+              bool frozen_projections = false, bool gradients = true)
       : cfg_((check_tensor_split(c, tp_comm.size()), c)), tp_(&tp_comm), stage_(stage), stages_(stages),
         range_(split_layers(c.n_layers, stages, stage)), mr_(&mr),
         layers_(c, tp::tp_rank::of(tp_comm), range_, stage == 0, stage == stages - 1, pad_to, frozen_projections),
-        size_((layers_.layout.size() + pad_to - 1) / pad_to * pad_to), params_(size_, mr), grads_(size_, mr), ws_(0, mr),
-        dresid_(0, mr) {
+        size_((layers_.layout.size() + pad_to - 1) / pad_to * pad_to), params_(size_, mr), grads_(gradients ? size_ : 0, mr),
+        ws_(0, mr), dresid_(0, mr) {
     const auto full = stages == 1 && tp_comm.size() == 1 && !frozen_projections ? layers_.layout : full_layout(c);
     for (const auto& s : layers_.shards) full_offset_[s.name] = full.find(s.name).offset;
     for (const auto& s : layers_.frozen_shards) full_offset_[s.name] = full.find(s.name).offset;
@@ -373,10 +380,17 @@ class stage_model {
   }
   bool checkpointing() const noexcept { return checkpoint_; }
 
+  /// Only the blocks' projections (attention, MLP; their biases too) get gradients from now on:
+  /// the embedding, the norms and the output head compute none, and their part of grads()
+  /// stays as zero_grad() left it. For a run whose trainable gradients are made from the
+  /// projections' alone (merged LoRA: the adapted weights' G). Only between passes.
+  void set_projection_grads_only(bool on) noexcept { projection_grads_only_ = on; }
+
   /// Tied embeddings over pp > 1: the gradient of this rank's copy of tok_embeddings.weight,
-  /// which must stay equal to the other end's copy (empty when there is none).
+  /// which must stay equal to the other end's copy (empty when there is none, or when the
+  /// model keeps no gradients).
   std::span<T> tied_grad() {
-    if (!cfg_.tied_output || stages_ == 1 || !(first_stage() || last_stage())) return {};
+    if (!cfg_.tied_output || stages_ == 1 || !(first_stage() || last_stage()) || grads().empty()) return {};
     const auto& w = first_stage() ? layers_.tok_embeddings.weight() : layers_.output.local().weight();
     const std::size_t at = first_stage() ? layers_.layout.unit_begin(layers_.embedding_unit) + w.offset : layers_.tied_copy_offset;
     return grads().subspan(at, w.numel());
@@ -421,7 +435,10 @@ class stage_model {
   template <class F>
   void store_params(std::span<F> full) const { store(params(), full); }
   template <class F>
-  void store_grads(std::span<F> full) const { store(grads(), full); }
+  void store_grads(std::span<F> full) const {
+    LOOM_CHECK(!grads().empty(), "llama3d::store_grads: this model keeps no gradients (built with gradients=false)");
+    store(grads(), full);
+  }
 
   // ---- per micro-batch -------------------------------------------------------------------
   /// [n, dim] input of this stage for mb (a recv fills it; first stage: the embedding).
@@ -469,13 +486,13 @@ class stage_model {
       ws_.reset();
       auto dxf = ws_.take(nd_(n, d));  // the logits' gradient (made by forward) is d(loss)/d(logits): dloss is the GEMMs' alpha
       unit_use o(*this, layers_.output_unit);
-      layers_.output.backward(*tp_, o.params(), unit_grads(layers_.output_unit), sl.xf.view(n, d),
+      layers_.output.backward(*tp_, o.params(), outside_projections(unit_grads(layers_.output_unit)), sl.xf.view(n, d),
                               view2<const T>(sl.dlogits.view(n, layers_.output.local_out_features())),
                               loom::make_view(dxf.data(), n, d), ws_, /*accumulate=*/false, dloss);
       loom::ops::fill(loom::host{}, dresid_.view(), T(0));
       unit_use h = next_use(o, layers_.head_unit);
-      layers_.norm.backward(h.params(), unit_grads(layers_.head_unit), loom::make_view(static_cast<const T*>(dxf.data()), n, d),
-                            resid(sl, range_.layers()), sl.rstdf.view(), dr);
+      layers_.norm.backward(h.params(), outside_projections(unit_grads(layers_.head_unit)),
+                            loom::make_view(static_cast<const T*>(dxf.data()), n, d), resid(sl, range_.layers()), sl.rstdf.view(), dr);
     } else {
       std::copy(sl.dout.begin(), sl.dout.end(), dresid_.begin());
     }
@@ -486,7 +503,8 @@ class stage_model {
       block_backward(sl, l, a, u.params());
     }
     if (first_stage()) {  // reads no parameter: nothing to acquire
-      layers_.tok_embeddings.backward(unit_grads(layers_.embedding_unit), ids(sl.tokens, n), view2<const T>(dr));
+      layers_.tok_embeddings.backward(outside_projections(unit_grads(layers_.embedding_unit)), ids(sl.tokens, n),
+                                      view2<const T>(dr));
     } else {
       std::copy(dresid_.begin(), dresid_.end(), sl.din.begin());
     }
@@ -612,13 +630,14 @@ class stage_model {
     // out = h + mlp(ffn_norm(h)):  dh = dout + ffn_norm'(mlp'(dout))
     auto dxn2 = ws_.take(nd_(n, d));  // written by the branch's backward, not added into
     blk.feed_forward.backward(*tp_, p, g, a.xn2.view(n, d), a.mlp, dr, loom::make_view(dxn2.data(), n, d), ws_, false);
-    blk.ffn_norm.backward(p, g, loom::make_view(static_cast<const T*>(dxn2.data()), n, d), a.h.view(n, d), a.rstd2.view(), dr);
+    blk.ffn_norm.backward(p, outside_projections(g), loom::make_view(static_cast<const T*>(dxn2.data()), n, d), a.h.view(n, d),
+                          a.rstd2.view(), dr);
     // h = x + attention(attention_norm(x)):  dx = dh + attention_norm'(attention'(dh))
     auto dxn1 = ws_.take(nd_(n, d));
     blk.attention.backward(*tp_, p, g, a.xn1.view(b, s, d), a.attn, dresid_.view(b, s, d),
                            loom::make_view(dxn1.data(), b, s, d), ws_, false);
-    blk.attention_norm.backward(p, g, loom::make_view(static_cast<const T*>(dxn1.data()), n, d), resid(sl, l),
-                                a.rstd1.view(), dr);
+    blk.attention_norm.backward(p, outside_projections(g), loom::make_view(static_cast<const T*>(dxn1.data()), n, d),
+                                resid(sl, l), a.rstd1.view(), dr);
   }
 
   // The parameters of unit u for one use: a piece of params(), or what the source gathered
@@ -656,7 +675,11 @@ class stage_model {
     return unit_use(*this, u);
   }
   std::size_t block_unit(index_t l) const noexcept { return layers_.first_block_unit + static_cast<std::size_t>(l); }
-  std::span<T> unit_grads(std::size_t u) { return layers_.layout.unit(grads(), u); }
+  // empty when the model keeps no gradients: the layers then compute none
+  std::span<T> unit_grads(std::size_t u) { return grads().empty() ? std::span<T>{} : layers_.layout.unit(grads(), u); }
+  // g for the layers outside the blocks' projections (embedding, norms, head): empty when only
+  // the projections train (set_projection_grads_only)
+  std::span<T> outside_projections(std::span<T> g) const noexcept { return projection_grads_only_ ? std::span<T>{} : g; }
 
   view2<T> resid(slot& sl, index_t l) {
     const index_t n = sl.batch * sl.seq;
@@ -682,6 +705,7 @@ class stage_model {
   loom::nn::workspace<T> ws_;
   loom::buffer<T> dresid_;  // backward: the gradient of the residual stream, from the top block down
   bool checkpoint_ = false;
+  bool projection_grads_only_ = false;
   param_source<P>* src_ = nullptr;
   std::vector<slot> pool_;
   std::vector<std::size_t> free_;

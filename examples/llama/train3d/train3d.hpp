@@ -82,6 +82,12 @@
 // of a micro-batch first sets the context the ops draw their masks from (step, the
 // micro-batch's first token in the global batch: lora_dropout_at), so the masks do not depend
 // on the mesh and a recompute under checkpointing draws the forward's; evaluation: none.
+// Either way unmerged (quantised, or dropout with no base tensor ever unfrozen), nothing in the
+// stage model's flat buffer trains: the model is built without a gradient buffer (stage_model's
+// gradients = false) and its layers compute input gradients only -- no weight, bias, norm or
+// embedding gradient. The merged path keeps the buffer of the base's size: its adapted part is
+// the G the adapters' gradients are made from; with no base engine only the projections write
+// into it (stage_model::set_projection_grads_only). docs/lora.md, "No gradient for a frozen base".
 
 #include "lora3d.hpp"
 #include "partitioned_base.hpp"
@@ -295,10 +301,14 @@ class trainer {
     eo.offload_optimizer = opt.offload_optimizer;
     eo.nvme_path = opt.nvme_path;
     eo.lazy_group_state = opt.lazy_group_state;
+    // LoRA run unmerged (a quantised base, or dropout): nothing in the model's flat buffer
+    // trains -- the adapters' gradients go to their engine -- so the model keeps no gradient
+    // buffer; a schedule that unfreezes base tensors gives it the base engine's (use_storage)
+    const bool unmerged_lora = opt.lora && (opt.lora_base != lora_base::fp32 || opt.lora->lora_dropout > 0.0);
     for (int c = 0; c < v; ++c) {
       auto ck = std::make_unique<chunk_state>();
       ck->model = std::make_unique<stage_model<P, T, C>>(cfg, mesh_.tp(), c * p + mesh_.coord().pp, p * v, mr, dp_,
-                                                         opt.lora && opt.lora_base != lora_base::fp32);
+                                                         opt.lora && opt.lora_base != lora_base::fp32, !unmerged_lora);
       auto& m = *ck->model;
       m.set_checkpointing(opt.checkpointing);
       m.init(opt.seed);  // the counter-RNG model, whole, in the model's own buffer; the engine takes its fp32 master from it
@@ -396,7 +406,7 @@ class trainer {
     const float loss_scale = loom::amp::scale_of(opt_.loss_scaler);
     st.loss_scale = loss_scale;
     for (auto& ck : chunks_) {
-      ck->model->zero_grad();  // the engine's accumulation buffer (LoRA: the model's own)
+      ck->model->zero_grad();  // the engine's accumulation buffer (merged LoRA: the model's own; unmerged: none)
       if (ck->lora && ck->unmerged()) std::ranges::fill(ck->zero->accumulation(), T(0));  // the passes add the adapters' gradients
     }
     const std::vector<bool> on = opt_.grouped() ? trainable_now() : std::vector<bool>{};
@@ -578,7 +588,7 @@ class trainer {
 
  private:
   // LoRA: chunk ck (its model made and initialised) gets its adapters and an engine over them;
-  // the model keeps its own buffers (the frozen base and the adapted weights' gradients).
+  // the model keeps its own buffers (the frozen base, and, merged, the weights' gradients).
   std::unique_ptr<chunk_state> make_lora_chunk(std::unique_ptr<chunk_state> ck, const llama::config& cfg,
                                                const loom::zero::engine_options& eo, loom::memory_resource* param_mr) {
     auto& m = *ck->model;
@@ -607,6 +617,9 @@ class trainer {
     } else {
       ck->frozen = loom::buffer<P>(lo.frozen_size(), *mr_);
       lo.capture(m.params(), ck->frozen.span());
+      // merged, no base engine: the adapters' gradients are made from the adapted projections'
+      // G alone, so the embedding, norms and head need none
+      if (!ck->base) m.set_projection_grads_only(true);
     }
     const auto& L = lo.layout();
     std::vector<P> init(L.size(), P(0.f));

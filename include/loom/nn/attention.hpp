@@ -225,7 +225,7 @@ class attention {
   }
 
   /// dx += d/dx summed over the group (dx = d/dx when !accumulate); this rank's parameter
-  /// gradients added into `grads`.
+  /// gradients added into `grads` (empty: the weights are frozen, dx only; nn::linear).
   template <comm::communicator C, ops::param_type P>
   void backward(C& tp, std::span<P> params, std::span<T> grads, in_view<T, 3> x, const activations& a, in_view<T, 3> dy,
                 tensor_view<T, host, 3> dx, workspace<T>& ws, bool accumulate = true) const {
@@ -234,7 +234,8 @@ class attention {
     auto x2 = x.template reshape<2>({n, cfg_.dim});
     // replicated key/value heads: remember the gradients so far, sum only this call's part
     std::span<T> kv_before;
-    if (split_.kv_replicas > 1) {
+    const bool kv_sum = split_.kv_replicas > 1 && !grads.empty();
+    if (kv_sum) {
       kv_before = ws.take(kv_grad_size());
       auto out = kv_before.begin();
       for (std::span<T> g : kv_grads(grads)) out = std::copy(g.begin(), g.end(), out);
@@ -258,7 +259,7 @@ class attention {
                              {&wk_, make_view(as_const(dk).data(), n, wk_.out_features())},
                              {&wv_, make_view(as_const(dv).data(), n, wv_.out_features())}},
                             target, ws, tp::input_grad_accumulates(tp, accumulate));
-    if (split_.kv_replicas > 1) sum_kv_replicas(tp, grads, kv_before, ws);
+    if (kv_sum) sum_kv_replicas(tp, grads, kv_before, ws);
     tp::finish_input_grad(tp, target, dx2, accumulate);
   }
   /// The whole layer on one rank.

@@ -28,9 +28,10 @@ class embedding {
   void forward(std::span<P> params, tensor_view<Token, host, 1> tokens, tensor_view<T, host, 2> out) const {
     ops::embedding_forward(host{}, tokens, weight_.in(as_const(params)), out);
   }
-  /// dtable[tokens] += dout
+  /// dtable[tokens] += dout; grads empty: the table is frozen, nothing to do
   template <class Token>
   void backward(std::span<T> grads, tensor_view<Token, host, 1> tokens, in_view<T, 2> dout) const {
+    if (grads.empty()) return;
     ops::embedding_backward(host{}, tokens, dout, weight_.in(grads));
   }
 

@@ -2,7 +2,8 @@
 // Linear layer y = x W^T (+ b), W: [out, in] (PyTorch's layout), with explicit backward.
 //
 // Parameters are read from the model's flat parameter buffer through slots; gradients are
-// ADDED into the flat gradient buffer (callers zero it once per accumulation window), and
+// ADDED into the flat gradient buffer (callers zero it once per accumulation window; an empty
+// gradient span means every weight and bias is frozen: no dW, no db, dx as always), and
 // dx is added into (so residual branches sum without copies), or written with accumulate =
 // false (no zero pass over a fresh workspace buffer first). Weights stored in 16 bits are
 // widened into the workspace before the GEMM. A linear built from an existing slot shares
@@ -136,6 +137,7 @@ class linear {
   /// (added in list order; dx = ... when !accumulate; skipped when dx is empty), all GEMMs as
   /// one ops::gemm_batch; every term times dy_scale (as the GEMMs' alpha). Frozen layers
   /// (set_frozen) run their op first: no dW, their dx term written or added before the batch's.
+  /// An empty `grads`: no layer's dW or db (the model keeps no gradients), dx only.
   template <ops::param_type P>
   static void backward_all(std::span<P> params, std::span<T> grads, in_view<T, 2> x, std::initializer_list<output_grad> dys,
                            tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true, T dy_scale = T(1)) {
@@ -149,15 +151,16 @@ class linear {
       LOOM_CHECK(dy_scale == T(1), "nn::linear: a frozen layer's backward takes dy_scale 1, got dy_scale=", dy_scale);
       d.layer->frozen_->backward(x, d.dy, dx, std::exchange(dx_beta, T(1)) != T(0), ws);
     }
+    const bool weight_grads = !grads.empty();
     for (const auto& d : dys) {
       if (d.layer->frozen_) continue;
-      g.push_back({d.dy.transpose(0, 1), x, d.layer->weight_.in(grads), dy_scale, T(1)});
+      if (weight_grads) g.push_back({d.dy.transpose(0, 1), x, d.layer->weight_.in(grads), dy_scale, T(1)});
       if (!dx.empty())
         g.push_back({d.dy, weights_as<T>(d.layer->weight_, params, ws), dx, dy_scale, std::exchange(dx_beta, T(1))});
     }
     ops::gemm_batch(host{}, std::span<const ops::gemm_op<T>>(g));
     for (const auto& d : dys) {
-      if (!d.layer->bias_) continue;
+      if (!d.layer->bias_ || !weight_grads) continue;
       auto db = d.layer->bias_->in(grads);
       for (index_t r = 0; r < d.dy.extent(0); ++r) {
         const T* gr = &d.dy(r, 0);

@@ -95,7 +95,7 @@ class swiglu_mlp {
   }
 
   /// dx += d/dx summed over the group (dx = d/dx when !accumulate); this rank's parameter
-  /// gradients added into `grads`.
+  /// gradients added into `grads` (empty: the weights are frozen, dx only; nn::linear).
   template <comm::communicator C, ops::param_type P>
   void backward(C& tp, std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
                 tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true) const {

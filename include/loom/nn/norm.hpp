@@ -1,7 +1,8 @@
 #pragma once
 // RMSNorm and LayerNorm layers over the last dimension. The per-row statistics forward
 // computes are the caller's to keep (they are part of a block's saved activations, dropped
-// and recomputed under activation checkpointing).
+// and recomputed under activation checkpointing). An empty `grads` in backward means the
+// weights are frozen (a model that keeps no gradient buffer): only dx is computed.
 
 #include <loom/nn/parameters.hpp>
 #include <loom/ops/host/norm.hpp>
@@ -27,11 +28,12 @@ class rmsnorm {
   void forward(std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y, tensor_view<T, host, 1> rstd) const {
     ops::rmsnorm_forward(host{}, x, weight_.in(params), y, rstd, eps_);
   }
-  /// dx += ..., dweight += ...
+  /// dx += ..., dweight += ... (grads empty: frozen, dx only)
   template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> dy, in_view<T, 2> x, in_view<T, 1> rstd,
                 tensor_view<T, host, 2> dx) const {
-    ops::rmsnorm_backward(host{}, dy, x, weight_.in(params), rstd, dx, weight_.in(grads));
+    ops::rmsnorm_backward(host{}, dy, x, weight_.in(params), rstd, dx,
+                          grads.empty() ? tensor_view<T, host, 1>{} : weight_.in(grads));
   }
 
  private:
@@ -59,7 +61,10 @@ class layernorm {
   template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> dy, in_view<T, 2> x, in_view<T, 1> mean,
                 in_view<T, 1> rstd, tensor_view<T, host, 2> dx) const {
-    ops::layernorm_backward(host{}, dy, x, weight_.in(params), mean, rstd, dx, weight_.in(grads), bias_.in(grads));
+    const bool frozen = grads.empty();
+    ops::layernorm_backward(host{}, dy, x, weight_.in(params), mean, rstd, dx,
+                            frozen ? tensor_view<T, host, 1>{} : weight_.in(grads),
+                            frozen ? tensor_view<T, host, 1>{} : bias_.in(grads));
   }
 
  private:

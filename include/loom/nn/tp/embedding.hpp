@@ -60,9 +60,11 @@ class vocab_parallel_embedding {
     reduce_from_tensor_parallel_forward(tp, std::span<T>(out.data(), static_cast<std::size_t>(out.numel())));
   }
 
-  /// dtable[tokens owned here] += dout  (dout [n, dim] is the same on every rank)
+  /// dtable[tokens owned here] += dout  (dout [n, dim] is the same on every rank); grads
+  /// empty: the table is frozen, nothing to do
   template <class Token>
   void backward(std::span<T> grads, tensor_view<Token, host, 1> tokens, in_view<T, 2> dout) const {
+    if (grads.empty()) return;
     auto g = weight_.in(grads);
     for (index_t i = 0; i < tokens.extent(0); ++i) {
       const auto id = static_cast<index_t>(tokens(i));

@@ -84,7 +84,8 @@ void rmsnorm_forward(cuda, device_in_view<T, 2> x, tensor_view<P, cuda, 1> w, te
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
-/// dx += d/dx, dw += d/dw of rmsnorm; shapes as in forward.
+/// dx += d/dx, dw += d/dw of rmsnorm; shapes as in forward. An empty dw: the weight is
+/// frozen, only dx is computed.
 template <compute_type T, class P>
   requires param_type<std::remove_const_t<P>>
 void rmsnorm_backward(cuda, device_in_view<T, 2> dy, device_in_view<T, 2> x, tensor_view<P, cuda, 1> w,
@@ -98,13 +99,14 @@ void rmsnorm_backward(cuda, device_in_view<T, 2> dy, device_in_view<T, 2> x, ten
   detail::require_shape(dx, x.shape(), fn, "dx");
   detail::require_contiguous(dx, fn, "dx");
   detail::require_shape(w, extents<1>{d}, fn, "w");
-  detail::require_shape(dw, extents<1>{d}, fn, "dw");
+  if (!dw.empty()) detail::require_shape(dw, extents<1>{d}, fn, "dw");
   detail::require_shape(rstd, extents<1>{n}, fn, "rstd");
   LOOM_CHECK(n <= kernels::grid_cap, fn, ": rows=", n, " above the supported ", kernels::grid_cap);
   if (n == 0 || d == 0) return;
   kernels::rmsnorm_backward_dx<<<static_cast<unsigned>(n), kernels::row_block, 0, stream>>>(
       dy.data(), x.data(), w.data(), rstd.data(), dx.data(), d);
   LOOM_CUDA_CHECK(cudaGetLastError());
+  if (dw.empty()) return;
   kernels::rmsnorm_backward_dw<<<kernels::grid_for(d, kernels::elementwise_block), kernels::elementwise_block, 0,
                                  stream>>>(dy.data(), x.data(), rstd.data(), dw.data(), n, d);
   LOOM_CUDA_CHECK(cudaGetLastError());

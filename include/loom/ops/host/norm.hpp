@@ -44,7 +44,8 @@ inline void rmsnorm_forward(host, in_view<T, 2> x, tensor_view<P, host, 1> w, te
   });
 }
 
-/// dx += d/dx, dw += d/dw of rmsnorm; shapes as in forward.
+/// dx += d/dx, dw += d/dw of rmsnorm; shapes as in forward. An empty dw: the weight is
+/// frozen, only dx is computed.
 template <compute_type T, param_type P>
 inline void rmsnorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_view<P, host, 1> w, in_view<T, 1> rstd,
                              tensor_view<T, host, 2> dx, tensor_view<T, host, 1> dw) {
@@ -54,7 +55,7 @@ inline void rmsnorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_vie
   detail::require_shape(dx, x.shape(), "ops::rmsnorm_backward", "dx");
   detail::require_contiguous(dx, "ops::rmsnorm_backward", "dx");
   detail::require_shape(w, extents<1>{d}, "ops::rmsnorm_backward", "w");
-  detail::require_shape(dw, extents<1>{d}, "ops::rmsnorm_backward", "dw");
+  if (!dw.empty()) detail::require_shape(dw, extents<1>{d}, "ops::rmsnorm_backward", "dw");
   detail::require_shape(rstd, extents<1>{n}, "ops::rmsnorm_backward", "rstd");
   const P* wp = w.data();
   T* dwp = dw.data();
@@ -74,6 +75,7 @@ inline void rmsnorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_vie
       for (index_t i = 0; i < d; ++i) dxr[i] += math::rmsnorm_dx(dyr[i], load<T>(wp[i]), xr[i], s, c);
     }
   });
+  if (dw.empty()) return;
   detail::parallel_rows(d, std::max<index_t>(16, detail::rows_grain(n)), [&](index_t c0, index_t c1) {
     for (index_t r = 0; r < n; ++r) {
       const T* xr = x.data() + r * d;
@@ -118,7 +120,8 @@ inline void layernorm_forward(host, in_view<T, 2> x, tensor_view<P, host, 1> w, 
   }
 }
 
-/// dx += d/dx, dw += d/dw, db += d/db of layernorm; shapes as in forward.
+/// dx += d/dx, dw += d/dw, db += d/db of layernorm; shapes as in forward. dw and db both
+/// empty: the weight and bias are frozen, only dx is computed.
 template <compute_type T, param_type P>
 inline void layernorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_view<P, host, 1> w, in_view<T, 1> mean,
                                in_view<T, 1> rstd, tensor_view<T, host, 2> dx, tensor_view<T, host, 1> dw,
@@ -129,8 +132,11 @@ inline void layernorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_v
   detail::require_shape(dx, x.shape(), "ops::layernorm_backward", "dx");
   detail::require_contiguous(dx, "ops::layernorm_backward", "dx");
   detail::require_shape(w, extents<1>{d}, "ops::layernorm_backward", "w");
-  detail::require_shape(dw, extents<1>{d}, "ops::layernorm_backward", "dw");
-  detail::require_shape(db, extents<1>{d}, "ops::layernorm_backward", "db");
+  const bool frozen = dw.empty() && db.empty();
+  if (!frozen) {
+    detail::require_shape(dw, extents<1>{d}, "ops::layernorm_backward", "dw");
+    detail::require_shape(db, extents<1>{d}, "ops::layernorm_backward", "db");
+  }
   detail::require_shape(mean, extents<1>{n}, "ops::layernorm_backward", "mean");
   detail::require_shape(rstd, extents<1>{n}, "ops::layernorm_backward", "rstd");
   const P* wp = w.data();
@@ -146,6 +152,11 @@ inline void layernorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_v
     LOOM_SIMD_SUM(gx_sum)
     for (index_t i = 0; i < d; ++i) gx_sum += dyr[i] * load<T>(wp[i]) * (xr[i] - m) * s;
     const T g_mean = g_sum / T(d), gx_mean = gx_sum / T(d);
+    if (frozen) {
+      LOOM_SIMD
+      for (index_t i = 0; i < d; ++i) dxr[i] += math::layernorm_dx(dyr[i], load<T>(wp[i]), (xr[i] - m) * s, s, g_mean, gx_mean);
+      continue;
+    }
     LOOM_SIMD
     for (index_t i = 0; i < d; ++i) {
       const T xhat = (xr[i] - m) * s;

@@ -18,6 +18,7 @@
 #include <support/error_of.hpp>
 #include <support/rel_err.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -267,6 +268,44 @@ TEST_CASE("LoRA gradients (merged-weight path) equal finite differences of the d
           }
       CHECK(checked > 100);
       CHECK(worst < 1e-4);
+    });
+  }
+}
+
+// What an unmerged LoRA run's model is (train3d.hpp: a quantised base, or dropout): the last
+// of two pipeline stages (a block, the final norm, the output head; tied: its copy of the
+// embedding) with no gradient buffer against the same stage with one: the same loss and the
+// same gradient of its input, bit for bit, and no parameter gradient anywhere.
+TEST_CASE("A stage model built without gradients (a frozen base) gives the loss and input gradient of one with them, bit for bit, and holds none") {
+  for (const llama::config& cfg : {train3d_suite::tiny(true), lora_tiny_glm()}) {
+    CAPTURE(cfg.model_type);
+    train3d_suite::run_ranks(1, [&](any_comm& self) {
+      lora_model with(cfg, self, 1, 2), without(cfg, self, 1, 2, loom::default_resource<loom::host>(), 1, false, false);
+      const loom::index_t b = 2, s = 8, n = b * s;
+      std::vector<std::int32_t> tok(n), tgt(n);
+      llama3d::counting_batch(3, 0, 0, b, s, cfg.vocab, tok, tgt);
+      std::vector<double> x(static_cast<std::size_t>(n * cfg.dim));
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.5 * std::sin(0.37 * double(i) + 1.0);
+      const auto pass = [&](lora_model& m, std::vector<double>& din) {
+        m.init(5);
+        for (auto& v : m.params()) v += 0.01;  // norms off 1, biases off 0: every term of dx in play
+        std::ranges::copy(x, m.input(0, b, s).begin());
+        const double loss = m.forward(0, loom::make_view(static_cast<const std::int32_t*>(tok.data()), b, s),
+                                      loom::make_view(static_cast<const std::int32_t*>(tgt.data()), b, s));
+        m.backward(0);
+        din.assign(m.input_grad(0).begin(), m.input_grad(0).end());
+        m.release(0);
+        return loss;
+      };
+      std::vector<double> din_with, din_without;
+      const double loss_with = pass(with, din_with), loss_without = pass(without, din_without);
+      CHECK(loss_without == loss_with);
+      CHECK(din_without == din_with);
+      CHECK(std::ranges::any_of(din_with, [](double g) { return g != 0.0; }));
+      CHECK(std::ranges::any_of(with.grads(), [](double g) { return g != 0.0; }));  // the oracle did compute weight gradients
+      CHECK(without.grads().empty());
+      CHECK(without.tied_grad().empty());
+      CHECK((!cfg.tied_output || with.tied_grad().size() > 0));
     });
   }
 }

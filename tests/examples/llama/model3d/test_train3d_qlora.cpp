@@ -8,11 +8,15 @@
 // gathered bytes; the engine's accounting (12 bytes of optimizer state and 4 of gradient per
 // adapter element, over dp) for the trainable states. The base partitioned over dp (ZeRO-3)
 // against the same run with the base kept whole on every rank (the persistence threshold
-// above every projection): the same losses and adapters, bit for bit.
+// above every projection): the same losses and adapters, bit for bit. A run that keeps no
+// gradient for its frozen base (quantised, or fp32 with dropout): each rank's bytes as its
+// memory resources count them against the sum of what it holds (the formula above that case),
+// the merged fp32 run's with its gradient buffer.
 #include "train3d_suite.hpp"
 
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/thread_comm.hpp>
+#include <loom/core/memory.hpp>
 #include <loom/quant/nf4.hpp>
 
 #include <support/error_of.hpp>
@@ -61,6 +65,19 @@ struct qlora_result {
   std::vector<float> base;       // full layout: the projections dequantised as the ranks hold them
   std::vector<char> quantised;   // full layout: which elements are projections
 };
+
+// Whether a tensor of the decoder is one of a block's projections (what a quantised base holds
+// outside the model's flat buffer).
+bool is_projection(const std::string& name) {
+  return name.find("attention.w") != std::string::npos || name.find("feed_forward.w") != std::string::npos;
+}
+// The projections' elements in a layout.
+std::size_t projection_numel(const loom::nn::param_layout& layout) {
+  std::size_t n = 0;
+  for (const auto& e : layout.entries())
+    if (is_projection(e.name)) n += e.numel;
+  return n;
+}
 
 void qlora_steps(qlora_trainer& t, const llama::config& cfg, const llama3d::train_options& o, int n, std::vector<double>& losses) {
   for (int s = 0; s < n; ++s)
@@ -255,9 +272,7 @@ TEST_CASE("QLoRA under ZeRO-3: a base read in (set_frozen_weight, as init_from_h
 TEST_CASE("QLoRA memory on dp 4, LoRA r 16 on q_proj and v_proj: the base's bytes as measured = nf4_bytes per shard (ZeRO-2), its 1/dp slices + one block gathered (ZeRO-3); trainable states = formula") {
   const llama::config cfg = train3d_suite::tiny(false);
   const auto full = llama3d::full_layout(cfg);
-  std::size_t projections = 0;
-  for (const auto& e : full.entries())
-    if (e.name.find("attention.w") != std::string::npos || e.name.find("feed_forward.w") != std::string::npos) projections += e.numel;
+  const std::size_t projections = projection_numel(full);
   for (const int zero : {2, 3})
     for (const auto base : {llama3d::lora_base::nf4, llama3d::lora_base::bf16}) {
       const std::string what = std::string(llama3d::to_string(base)) + " ZeRO-" + std::to_string(zero);
@@ -297,8 +312,7 @@ TEST_CASE("QLoRA memory on dp 4, LoRA r 16 on q_proj and v_proj: the base's byte
       CHECK(adapters % 4 == 0);
       std::size_t whole = 0;  // the base's bytes over the whole model (tp = pp = 1: every rank's shards are whole tensors)
       for (const auto& e : full.entries())
-        if (e.name.find("attention.w") != std::string::npos || e.name.find("feed_forward.w") != std::string::npos)
-          whole += bytes_of(e.shape[0], e.shape[1]);
+        if (is_projection(e.name)) whole += bytes_of(e.shape[0], e.shape[1]);
       for (int r = 0; r < 4; ++r) {
         CAPTURE(r);
         CHECK(measured[r] == expected[r]);
@@ -323,6 +337,80 @@ TEST_CASE("QLoRA memory on dp 4, LoRA r 16 on q_proj and v_proj: the base's byte
       });
       for (const std::size_t g : greedy) CHECK(g <= whole);
     }
+}
+
+// What each rank holds after construction, on dp 4 under ZeRO-1 (parameters and gradients of
+// the adapters whole, their optimizer state a quarter), P = T = float, n the adapters' padded
+// elements, S the model's flat buffer, b x s a micro-batch:
+//   4 S                     the model's parameters (the frozen base: the rest outside a quantised one)
+//   + 4 S + 4 W0            merged fp32 only: the model's gradient buffer (the adapted weights' G)
+//                           and the adapted weights as they were (W0)
+//   + 4 n + 4 n + 12 n / 4  the engine: parameters, gradients (its accumulation buffer), fp32 master
+//                           and two moments of its slice
+//   + 4 n                   unmerged only: the adapters' step copy the frozen ops read
+//   + 8 b s                 the micro-batch's tokens and targets
+//   + base                  quantised: sum of nf4_bytes (or 2 x elements for bf16) over the projections
+// An unmerged run keeps no gradient for the frozen base: 4 S less than the buffer it held before.
+TEST_CASE("LoRA run unmerged (QLoRA NF4 / bf16, fp32 with dropout) keeps no gradient for the frozen base: each rank's bytes on dp 4 ZeRO-1 = formula; the merged run holds its gradient buffer") {
+  const llama::config cfg = train3d_suite::tiny(false);
+  const auto full = llama3d::full_layout(cfg);
+  const std::size_t projections = projection_numel(full);
+  // the adapters, r 16 on q_proj [dim, dim] and v_proj [kv, dim]: A [r, dim] and B [out, r] each on
+  // a 16-element boundary (param_layout's alignment), each block's unit a multiple of 16 (and of dp)
+  constexpr std::size_t r = 16;
+  const auto aligned = [](std::size_t e) { return (e + 15) / 16 * 16; };
+  const auto d = static_cast<std::size_t>(cfg.dim), kv = static_cast<std::size_t>(cfg.n_kv_heads * (cfg.dim / cfg.n_heads));
+  const std::size_t n =
+      static_cast<std::size_t>(cfg.n_layers) * aligned(aligned(r * d) + aligned(d * r) + aligned(r * d) + aligned(kv * r));
+  const std::size_t w0 = static_cast<std::size_t>(cfg.n_layers) * (d * d + kv * d);
+  struct mode {
+    const char* what;
+    llama3d::lora_base base;
+    double dropout;
+  };
+  for (const mode& md : {mode{"nf4", llama3d::lora_base::nf4, 0.0}, mode{"bf16", llama3d::lora_base::bf16, 0.0},
+                         mode{"fp32, dropout 0.1", llama3d::lora_base::fp32, 0.1},
+                         mode{"fp32 merged", llama3d::lora_base::fp32, 0.0}}) {
+    CAPTURE(md.what);
+    auto o = qlora_options({4, 1, 1}, 1, md.base);
+    o.lora->r = static_cast<loom::index_t>(r);
+    o.lora->target_modules = {"q_proj", "v_proj"};
+    o.lora->lora_dropout = md.dropout;
+    const bool quantised = md.base != llama3d::lora_base::fp32, merged = !quantised && md.dropout == 0.0;
+    std::size_t base = 0;  // tp = pp = 1: every rank's projection shards are the whole tensors
+    for (const auto& e : full.entries())
+      if (quantised && is_projection(e.name))
+        base += md.base == llama3d::lora_base::nf4 ? loom::quant::nf4_bytes(e.shape[0], e.shape[1], o.nf4)
+                                                   : 2 * static_cast<std::size_t>(e.shape[0] * e.shape[1]);
+    const std::size_t S = quantised ? full.size() - projections : full.size();
+    std::vector<std::size_t> measured(4), grads(4), size(4), adapters(4), left(4);
+    std::vector<std::string> refused(4);
+    train3d_suite::run_ranks(4, [&](any_comm& world) {
+      const auto k = static_cast<std::size_t>(world.rank());
+      loom::host_memory_resource mr("rank " + std::to_string(k));
+      {
+        qlora_trainer t(world, cfg, o, mr);
+        measured[k] = mr.current_bytes() + t.frozen_base_bytes();
+        grads[k] = t.model().grads().size();
+        size[k] = t.model().size();
+        adapters[k] = t.lora()->layout().size();
+        std::vector<float> out(full.size());
+        refused[k] = loom::test::error_of([&] { t.model().store_grads(std::span<float>(out)); });
+      }
+      left[k] = mr.current_bytes();
+    });
+    const std::size_t want = 4 * S + (merged ? 4 * S + 4 * w0 : 0) + 4 * n + 4 * n + 12 * n / 4 + (merged ? 0 : 4 * n) +
+                             8 * static_cast<std::size_t>(o.micro_batch_size * o.seq) + base;
+    for (std::size_t k = 0; k < 4; ++k) {
+      CAPTURE(k);
+      CHECK(adapters[k] == n);
+      CHECK(size[k] == S);
+      CHECK(grads[k] == (merged ? S : 0));  // no gradient buffer unless the adapters are made from G
+      CHECK(measured[k] == want);
+      CHECK(left[k] == 0);
+      if (!merged) CHECK(refused[k].find("keeps no gradients (built with gradients=false)") != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("QLoRA refuses what a quantised base cannot do, naming the option") {
