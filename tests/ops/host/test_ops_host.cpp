@@ -192,6 +192,11 @@ TEST_CASE("rmsnorm: forward against the formula, backward against finite differe
                         make_view(rstd.data(), n), make_view(dx.data(), n, d), make_view(dw.data(), d));
   check_gradient(x, dx, fwd, "dx");
   check_gradient(w, dw, fwd, "dw");
+  // an empty dw (frozen weight): the same dx, bit for bit
+  vec dx_frozen(n * d, 0.0);
+  ops::rmsnorm_backward(host{}, make_view(r.data(), n, d), make_view(x.data(), n, d), make_view(w.data(), d),
+                        make_view(rstd.data(), n), make_view(dx_frozen.data(), n, d), tensor_view<double, host, 1>{});
+  CHECK(dx_frozen == dx);
 
   // bfloat16 weights compute like float weights rounded to bfloat16
   std::vector<float> xf = to_float(x), yf(n * d), yb(n * d), rs(n);
@@ -231,6 +236,15 @@ TEST_CASE("layernorm: forward against the formula, backward against finite diffe
   check_gradient(x, dx, fwd, "dx");
   check_gradient(w, dw, fwd, "dw");
   check_gradient(b, db, fwd, "db");
+  // dw and db empty (frozen weight and bias): the same dx, bit for bit; one of them alone is refused
+  vec dx_frozen(n * d, 0.0);
+  const auto frozen_backward = [&](tensor_view<double, host, 1> gw, tensor_view<double, host, 1> gb) {
+    ops::layernorm_backward(host{}, make_view(r.data(), n, d), make_view(x.data(), n, d), make_view(w.data(), d),
+                            make_view(mean.data(), n), make_view(rstd.data(), n), make_view(dx_frozen.data(), n, d), gw, gb);
+  };
+  frozen_backward({}, {});
+  CHECK(dx_frozen == dx);
+  CHECK_THROWS_AS(frozen_backward({}, make_view(db.data(), d)), loom::error);
 }
 
 TEST_CASE("rope: both conventions against complex rotation, backward inverts forward") {

@@ -152,16 +152,12 @@ inline void layernorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_v
     LOOM_SIMD_SUM(gx_sum)
     for (index_t i = 0; i < d; ++i) gx_sum += dyr[i] * load<T>(wp[i]) * (xr[i] - m) * s;
     const T g_mean = g_sum / T(d), gx_mean = gx_sum / T(d);
-    if (frozen) {
-      LOOM_SIMD
-      for (index_t i = 0; i < d; ++i) dxr[i] += math::layernorm_dx(dyr[i], load<T>(wp[i]), (xr[i] - m) * s, s, g_mean, gx_mean);
-      continue;
-    }
+    LOOM_SIMD
+    for (index_t i = 0; i < d; ++i) dxr[i] += math::layernorm_dx(dyr[i], load<T>(wp[i]), (xr[i] - m) * s, s, g_mean, gx_mean);
+    if (frozen) continue;
     LOOM_SIMD
     for (index_t i = 0; i < d; ++i) {
-      const T xhat = (xr[i] - m) * s;
-      dxr[i] += math::layernorm_dx(dyr[i], load<T>(wp[i]), xhat, s, g_mean, gx_mean);
-      dwp[i] += dyr[i] * xhat;
+      dwp[i] += dyr[i] * ((xr[i] - m) * s);
       dbp[i] += dyr[i];
     }
   }

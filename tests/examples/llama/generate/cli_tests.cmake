@@ -109,14 +109,9 @@ if(LOOM_HAS_MPI)
     string(APPEND _lines "${_line}\n")
   endforeach()
   file(WRITE ${_p32} "${_lines}")
-  add_test(NAME llama_generate_mpi_np4_32seq
-           COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-generate>;--random;--prompt-file;${_p32};--max-new;24;--temperature;0;--blocks;40;--block-size;4;--budget;48"
-                   -DTP=2 -DPP=2 "-DLAUNCH=${_mpi};4" -P ${_same})
-  set_tests_properties(llama_generate_mpi_np4_32seq PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2 ENVIRONMENT OPENBLAS_NUM_THREADS=1
-                       FAIL_REGULAR_EXPRESSION "; 0 preemptions")
   # The same workload on the ChatGLM folder (its fused query_key_value split over tp 2, its
-  # layers over 2 pipeline stages, each process reading only its slice of the files), and both
-  # models at tp 2 and at pp 2 alone on 2 processes.
+  # layers over 2 pipeline stages, each process reading only its slice of the files); both
+  # models at tp 2 x pp 2 on 4 processes and at tp 2 and at pp 2 alone on 2.
   set(_w32 "--prompt-file;${_p32};--max-new;24;--temperature;0;--blocks;40;--block-size;4;--budget;48")
   set(_models llama)
   if(LOOM_HAS_JSON)  # llama-train wrote the folder
@@ -125,19 +120,21 @@ if(LOOM_HAS_MPI)
   foreach(_model ${_models})
     if(_model STREQUAL "chatglm")
       set(_source "--checkpoint;${CMAKE_CURRENT_BINARY_DIR}/mpi_hf_chatglm")
+      set(_np4 np4_chatglm_32seq)
     else()
       set(_source "--random")
+      set(_np4 np4_32seq)
     endif()
-    foreach(_run "np4_chatglm_32seq;4;-DTP=2;-DPP=2" "np2_32seq_${_model}_tp2;2;-DTP=2;-DPP=1" "np2_32seq_${_model}_pp2;2;-DTP=1;-DPP=2")
+    # name|processes|tp|pp
+    foreach(_run "${_np4}|4|2|2" "np2_32seq_${_model}_tp2|2|2|1" "np2_32seq_${_model}_pp2|2|1|2")
+      string(REPLACE "|" ";" _run "${_run}")
       list(GET _run 0 _name)
-      if(_name STREQUAL "np4_chatglm_32seq" AND NOT _model STREQUAL "chatglm")
-        continue()  # LLaMA's np 4 run is llama_generate_mpi_np4_32seq above
-      endif()
       list(GET _run 1 _np)
       list(GET _run 2 _tp)
       list(GET _run 3 _pp)
       add_test(NAME llama_generate_mpi_${_name}
-               COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-generate>;${_source};${_w32}" ${_tp} ${_pp} "-DLAUNCH=${_mpi};${_np}" -P ${_same})
+               COMMAND ${CMAKE_COMMAND} "-DCMD=$<TARGET_FILE:llama-generate>;${_source};${_w32}" -DTP=${_tp} -DPP=${_pp}
+                       "-DLAUNCH=${_mpi};${_np}" -P ${_same})
       set_tests_properties(llama_generate_mpi_${_name} PROPERTIES TIMEOUT 60 LABELS mpi PROCESSORS 2 ENVIRONMENT OPENBLAS_NUM_THREADS=1
                            FAIL_REGULAR_EXPRESSION "; 0 preemptions")
       if(_model STREQUAL "chatglm")
