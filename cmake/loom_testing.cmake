@@ -7,25 +7,29 @@
 
 find_package(doctest REQUIRED)
 
+# doctest's implementation once (a static library, so every main's executables link it); each
+# main below is then only its main().
+add_library(loom_test_doctest STATIC ${PROJECT_SOURCE_DIR}/tests/support/doctest_impl.cpp)
+target_link_libraries(loom_test_doctest PUBLIC doctest::doctest)
 add_library(loom_test_main OBJECT ${PROJECT_SOURCE_DIR}/tests/support/doctest_main.cpp)
-target_link_libraries(loom_test_main PUBLIC loom::loom doctest::doctest)
+target_link_libraries(loom_test_main PUBLIC loom::loom loom_test_doctest)
 
 if(LOOM_HAS_CUDA)
   add_library(loom_test_main_gpu OBJECT ${PROJECT_SOURCE_DIR}/tests/support/gpu_main.cpp)
-  target_link_libraries(loom_test_main_gpu PUBLIC loom::cuda doctest::doctest)
+  target_link_libraries(loom_test_main_gpu PUBLIC loom::cuda loom_test_doctest)
   # Every executable of a GPU test: what scripts/gpu-check.sh builds (and nothing else).
   add_custom_target(loom_gpu_tests)
 endif()
 
 if(LOOM_HAS_MPI)
   add_library(loom_test_main_mpi OBJECT ${PROJECT_SOURCE_DIR}/tests/support/mpi_main.cpp)
-  target_link_libraries(loom_test_main_mpi PUBLIC loom::mpi doctest::doctest)
+  target_link_libraries(loom_test_main_mpi PUBLIC loom::mpi loom_test_doctest)
   # mpirun as root and with more ranks than cores (CI has 2 cores, tests use up to 4 ranks).
   set(LOOM_MPIEXEC_FLAGS --oversubscribe --bind-to none)
   if(LOOM_HAS_CUDA)
     # MPI tests that need one GPU per rank (MPI + GPU): exit 77 (skipped) without enough devices.
     add_library(loom_test_main_mpi_gpu OBJECT ${PROJECT_SOURCE_DIR}/tests/support/mpi_main.cpp)
-    target_link_libraries(loom_test_main_mpi_gpu PUBLIC loom::mpi loom::cuda doctest::doctest)
+    target_link_libraries(loom_test_main_mpi_gpu PUBLIC loom::mpi loom::cuda loom_test_doctest)
     target_compile_definitions(loom_test_main_mpi_gpu PRIVATE LOOM_TEST_MPI_GPU=1)
   endif()
   execute_process(COMMAND id -u OUTPUT_VARIABLE _uid OUTPUT_STRIP_TRAILING_WHITESPACE)
@@ -34,7 +38,24 @@ if(LOOM_HAS_MPI)
   endif()
 endif()
 
+# doctest and the standard headers most tests include, precompiled once per build: every C++
+# test program reuses it (loom_use_test_pch). Parsing them was about a third of a small test's
+# unit (docs/reliability.md). A unit whose flags make the PCH invalid for it (GCC says so with
+# -Winvalid-pch) parses the same headers instead: slower, never different.
+add_library(loom_test_pch OBJECT ${PROJECT_SOURCE_DIR}/tests/support/pch.cpp)
+target_link_libraries(loom_test_pch PRIVATE loom::loom doctest::doctest)
+set(_loom_test_pch_headers doctest/doctest.h algorithm array atomic chrono cmath cstdint cstring functional map memory
+                           mutex numeric optional random span sstream string string_view thread utility vector)
+list(TRANSFORM _loom_test_pch_headers REPLACE "(.+)" "$<$<COMPILE_LANGUAGE:CXX>:<\\1>>")
+target_precompile_headers(loom_test_pch PRIVATE ${_loom_test_pch_headers})
+function(loom_use_test_pch target)
+  target_precompile_headers(${target} REUSE_FROM loom_test_pch)
+endfunction()
+
 set(LOOM_TEST_TIMEOUT 300 CACHE STRING "Default timeout of each test in seconds")
+# Test executables a build leaves out: not built by default and their tests not registered
+# (scripts/sanitize.sh: the sanitizer builds skip what only repeats sanitized paths).
+set(LOOM_SKIP_TESTS "" CACHE STRING "Test executables (loom_add_test names) to leave out of this build")
 
 # PyTorch, the oracle of the parity tests: probed once here (Debian's python3-torch is at
 # /usr/bin/python3, not the pyenv python3 on PATH). LOOM_HAS_TORCH gates those tests.
@@ -86,7 +107,11 @@ function(loom_add_test name)
   if(T_GPU AND NOT LOOM_HAS_CUDA)
     return()
   endif()
-  add_executable(${name} ${T_SOURCES})
+  set(skip)
+  if(name IN_LIST LOOM_SKIP_TESTS)
+    set(skip EXCLUDE_FROM_ALL)  # still a target (its folder may set its properties), but not built
+  endif()
+  add_executable(${name} ${skip} ${T_SOURCES})
   if(T_MPI AND T_GPU)
     set(main loom_test_main_mpi_gpu)
   elseif(T_MPI)
@@ -98,10 +123,16 @@ function(loom_add_test name)
   endif()
   target_link_libraries(${name} PRIVATE ${main} loom::loom doctest::doctest loom_warnings ${T_LIBS})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)  # <support/...>
+  if(NOT T_GPU)  # nvcc takes no precompiled header
+    loom_use_test_pch(${name})
+  endif()
   if(T_GPU)
     set_target_properties(${name} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
     list(APPEND T_LABELS gpu)
     add_dependencies(loom_gpu_tests ${name})
+  endif()
+  if(skip)
+    return()
   endif()
   set(env "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1")
   if(T_MPI)
@@ -152,6 +183,7 @@ function(loom_add_test_group binary)
   set_target_properties(${binary} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 0)
   target_link_libraries(${binary} PRIVATE loom_test_main loom::loom doctest::doctest loom_warnings ${T_LIBS})
   target_include_directories(${binary} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  loom_use_test_pch(${binary})
   foreach(name source IN ZIP_LISTS names sources)
     get_filename_component(file ${source} NAME)
     add_test(NAME ${name} COMMAND ${binary} --source-file=*/${file})

@@ -10,6 +10,7 @@
 # makes the script fail. New inputs the fuzzer finds go to build-fuzz/corpus/<target>/ (kept
 # between runs, not committed). Reproduce one: build-fuzz/fuzz/fuzz_<target> <file>, with
 # LOOM_FUZZ_VERBOSE=1 to print the reader's refusals.
+# FUZZ_STEP=build stops after building the targets (.ci/run builds ahead this way).
 # FUZZ_JOBS=N runs N processes per target (libFuzzer -fork) on a machine with cores to spare.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +45,7 @@ done
 targets=("${kept[@]}")
 ((${#targets[@]})) || { echo "fuzz.sh: no target to run" >&2; exit 2; }
 cmake --build build-fuzz --target "${targets[@]/#/fuzz_}"
+[[ "${FUZZ_STEP:-}" != build ]] || exit 0  # .ci/run builds ahead in the background
 
 mkdir -p build-fuzz/artifacts build-fuzz/logs
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1}

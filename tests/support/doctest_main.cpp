@@ -1,5 +1,4 @@
-// The doctest main shared by loom's single-process tests.
-#define DOCTEST_CONFIG_IMPLEMENT
+// The doctest main shared by loom's single-process tests (doctest itself: doctest_impl.cpp).
 #include <doctest/doctest.h>
 
 int main(int argc, char** argv) {

@@ -2,7 +2,6 @@
 // the test cases on every rank, and fails the whole job when any rank failed. Only rank 0
 // prints doctest's summary unless a rank fails. Built with LOOM_TEST_MPI_GPU (MPI + GPU tests)
 // it exits 77 (skipped) when there are fewer CUDA devices than ranks.
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <mpi.h>
 
