@@ -11,6 +11,7 @@
 # between runs, not committed). Reproduce one: build-fuzz/fuzz/fuzz_<target> <file>, with
 # LOOM_FUZZ_VERBOSE=1 to print the reader's refusals.
 # FUZZ_STEP=build stops after building the targets (.ci/run builds ahead this way).
+# FUZZ_LANES=N runs N targets at a time (default: one per core, or 1 with FUZZ_JOBS).
 # FUZZ_JOBS=N runs N processes per target (libFuzzer -fork) on a machine with cores to spare.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,34 +50,50 @@ cmake --build build-fuzz --target "${targets[@]/#/fuzz_}"
 
 mkdir -p build-fuzz/artifacts build-fuzz/logs
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1}
-failed=()
-summary=()
-for t in "${targets[@]}"; do
+# fuzz_one TARGET: the seeds, then the search; what it prints goes to logs/TARGET.out, its
+# summary row to logs/TARGET.row, and logs/TARGET.rc says whether it found something.
+fuzz_one() {
+  local t=$1 rc=0 log="build-fuzz/logs/$1.log" execs rate rss units result=ok
   mkdir -p "build-fuzz/corpus/$t"
-  args=(-max_total_time="$seconds" -max_len="${max_len[$t]}" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
-        -artifact_prefix="build-fuzz/artifacts/$t-")
+  local args=(-max_total_time="$seconds" -max_len="${max_len[$t]}" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
+              -artifact_prefix="build-fuzz/artifacts/$t-")
   [[ -f "fuzz/dict/$t.dict" ]] && args+=(-dict="fuzz/dict/$t.dict")
   [[ -n "${FUZZ_JOBS:-}" ]] && args+=(-fork="$FUZZ_JOBS")
   [[ -n "${FUZZ_RUNS:-}" ]] && args+=(-runs="$FUZZ_RUNS")
-  log="build-fuzz/logs/$t.log"
-  echo "== fuzz_$t: the seeds, then ${seconds}s${FUZZ_RUNS:+ or $FUZZ_RUNS runs} (log: $log)"
-  rc=0
-  # The seeds as files: each runs once, whatever the time budget, and a failing one is named
-  "build-fuzz/fuzz/fuzz_$t" -timeout=10 -rss_limit_mb=2048 "fuzz/corpus/$t"/* >"$log" 2>&1 || rc=$?
-  # first corpus directory: where new inputs go; the second (the committed seeds) is read only
-  ((rc != 0)) || "build-fuzz/fuzz/fuzz_$t" "${args[@]}" "build-fuzz/corpus/$t" "fuzz/corpus/$t" >>"$log" 2>&1 || rc=$?
+  {
+    echo "== fuzz_$t: the seeds, then ${seconds}s${FUZZ_RUNS:+ or $FUZZ_RUNS runs} (log: $log)"
+    # The seeds as files: each runs once, whatever the time budget, and a failing one is named
+    "build-fuzz/fuzz/fuzz_$t" -timeout=10 -rss_limit_mb=2048 "fuzz/corpus/$t"/* >"$log" 2>&1 || rc=$?
+    # first corpus directory: where new inputs go; the second (the committed seeds) is read only
+    ((rc != 0)) || "build-fuzz/fuzz/fuzz_$t" "${args[@]}" "build-fuzz/corpus/$t" "fuzz/corpus/$t" >>"$log" 2>&1 || rc=$?
+    if ((rc != 0)); then
+      result=FINDING
+      echo "   FAILED (exit $rc); the report:"
+      grep -E -A40 "^==[0-9]+==ERROR|runtime error|deadly signal|terminate called|Test unit written" "$log" | head -80 || tail -40 "$log"
+    fi
+  } >"build-fuzz/logs/$t.out"
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -1)
   units=$(ls "build-fuzz/corpus/$t" | wc -l)
-  if ((rc != 0)); then
-    failed+=("$t")
-    echo "   FAILED (exit $rc); the report:"
-    grep -E -A40 "^==[0-9]+==ERROR|runtime error|deadly signal|terminate called|Test unit written" "$log" | head -80 || tail -40 "$log"
-    summary+=("$(printf '%-20s %12s %8s %7s %7s  FINDING' "$t" "${execs:-?}" "${rate:-?}" "$units" "${rss:-?}")")
-  else
-    summary+=("$(printf '%-20s %12s %8s %7s %7s  ok' "$t" "${execs:-?}" "${rate:-?}" "$units" "${rss:-?}")")
-  fi
+  printf '%-20s %12s %8s %7s %7s  %s\n' "$t" "${execs:-?}" "${rate:-?}" "$units" "${rss:-?}" "$result" >"build-fuzz/logs/$t.row"
+  echo "$rc" >"build-fuzz/logs/$t.rc"
+}
+# FUZZ_LANES targets at a time (default: one per core; one with FUZZ_JOBS, which forks per target):
+# a libFuzzer process uses one core, so one lane would leave the others idle
+lanes=${FUZZ_LANES:-$([[ -n "${FUZZ_JOBS:-}" ]] && echo 1 || nproc)}
+rm -f build-fuzz/logs/*.rc
+for t in "${targets[@]}"; do
+  while (($(jobs -rp | wc -l) >= lanes)); do wait -n || true; done
+  fuzz_one "$t" &
+done
+wait
+failed=()
+summary=()
+for t in "${targets[@]}"; do
+  cat "build-fuzz/logs/$t.out"
+  summary+=("$(cat "build-fuzz/logs/$t.row")")
+  [[ "$(cat "build-fuzz/logs/$t.rc" 2>/dev/null)" == 0 ]] || failed+=("$t")
 done
 printf '%-20s %12s %8s %7s %7s  %s\n' target execs exec/s corpus rss_mb result
 printf '%s\n' "${summary[@]}"
