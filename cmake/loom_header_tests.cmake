@@ -78,10 +78,7 @@ function(loom_add_header_tests include_dir)
   # includes the loom headers and libraries it uses -- does not depend on it. What it gives up,
   # a missing #include of one of these standard headers, one libstdc++ version could not show
   # reliably anyway: its headers include each other.
-  set(std_headers algorithm array atomic chrono cmath condition_variable cstdint cstring functional map memory mutex
-                  numeric optional span string string_view thread unordered_map utility vector)
-  list(TRANSFORM std_headers REPLACE "(.+)" "$<$<COMPILE_LANGUAGE:CXX>:<\\1>>")
-  target_precompile_headers(loom_header_tests PRIVATE ${std_headers})
+  loom_precompile(loom_header_tests ${LOOM_PCH_STD_HEADERS})
   # Compiling is what these units check, not code: no optimisation (faster, and free of the
   # optimiser's flow warnings, which the test programs' own units report where code runs).
   target_compile_options(loom_header_tests PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O0>)

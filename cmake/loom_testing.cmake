@@ -44,10 +44,7 @@ endif()
 # -Winvalid-pch) parses the same headers instead: slower, never different.
 add_library(loom_test_pch OBJECT ${PROJECT_SOURCE_DIR}/tests/support/pch.cpp)
 target_link_libraries(loom_test_pch PRIVATE loom::loom doctest::doctest)
-set(_loom_test_pch_headers doctest/doctest.h algorithm array atomic chrono cmath cstdint cstring functional map memory
-                           mutex numeric optional random span sstream string string_view thread utility vector)
-list(TRANSFORM _loom_test_pch_headers REPLACE "(.+)" "$<$<COMPILE_LANGUAGE:CXX>:<\\1>>")
-target_precompile_headers(loom_test_pch PRIVATE ${_loom_test_pch_headers})
+loom_precompile(loom_test_pch doctest/doctest.h ${LOOM_PCH_STD_HEADERS} random sstream)
 function(loom_use_test_pch target)
   target_precompile_headers(${target} REUSE_FROM loom_test_pch)
 endfunction()
@@ -125,8 +122,7 @@ function(loom_add_test name)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)  # <support/...>
   if(NOT T_GPU)  # nvcc takes no precompiled header
     loom_use_test_pch(${name})
-  endif()
-  if(T_GPU)
+  else()
     set_target_properties(${name} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
     list(APPEND T_LABELS gpu)
     add_dependencies(loom_gpu_tests ${name})

@@ -36,3 +36,15 @@ function(loom_example_tests)
   file(RELATIVE_PATH _rel ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
   include(${PROJECT_SOURCE_DIR}/tests/${_rel}/cli_tests.cmake)
 endfunction()
+
+# The standard headers that the header self-tests' and the test programs' precompiled headers
+# hold: parsing them was much of a small unit's compile time (docs/reliability.md).
+set(LOOM_PCH_STD_HEADERS algorithm array atomic chrono cmath condition_variable cstdint cstring functional map memory
+                         mutex numeric optional span string string_view thread unordered_map utility vector)
+# loom_precompile(<target> <header>...): the headers (as in #include <...>) precompiled for the
+# target's C++ units
+function(loom_precompile target)
+  set(headers ${ARGN})
+  list(TRANSFORM headers REPLACE "(.+)" "$<$<COMPILE_LANGUAGE:CXX>:<\\1>>")
+  target_precompile_headers(${target} PRIVATE ${headers})
+endfunction()
