@@ -22,6 +22,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -43,6 +44,41 @@ TEST_CASE("ops::exp for float: within 3 ulp of std::exp on the range softmax use
   }
   CHECK(ops::exp(-1e30f) >= 0.f);
   CHECK(ops::exp(-1e30f) < 1e-37f);
+}
+
+TEST_CASE("ops::exp for float at the edges: clamped to [-87, 88.5], +inf above, NaN kept, the same bits in a vectorised loop") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK(ops::exp(-0.0f) == 1.0f);
+  CHECK(ops::exp(0.0f) == 1.0f);
+  CHECK(ops::exp(-inf) == ops::exp(-87.0f));
+  CHECK(ops::exp(-1000.0f) == ops::exp(-87.0f));
+  CHECK(ops::exp(-87.0f) > 0.f);
+  CHECK(std::abs(double(ops::exp(-87.0f)) - std::exp(-87.0)) <= 3 * 1.2e-7 * std::exp(-87.0));
+  CHECK(ops::exp(inf) == ops::exp(88.5f));
+  CHECK(ops::exp(1e30f) == ops::exp(88.5f));
+  CHECK(ops::exp(inf) == inf);  // 2^128 from x = 88.38 on (expf from 88.72)
+  CHECK(std::isfinite(ops::exp(88.0f)));
+  CHECK(std::isnan(ops::exp(nan)));
+  CHECK(std::isnan(ops::exp(-nan)));
+  // The kernels call exp inside loops the compiler vectorises; the lanes must give what the
+  // scalar call gives, edges included (a vectorised clamp or NaN test that differed from the
+  // scalar one would show here).
+  std::vector<float> x;
+  for (int i = -9000; i <= 9000; i += 7) x.push_back(float(i) * 0.0137f);
+  for (float e : {-inf, inf, nan, -nan, -0.0f, 0.0f, -87.0f, 88.5f, -87.00001f, 88.50001f, 1e30f, -1e30f}) x.push_back(e);
+  std::vector<float> vec_out(x.size());
+  const float* px = x.data();
+  float* po = vec_out.data();
+  const auto n = static_cast<index_t>(x.size());
+  LOOM_SIMD
+  for (index_t i = 0; i < n; ++i) po[i] = ops::exp(px[i]);
+  for (index_t i = 0; i < n; ++i) {
+    volatile float xi = px[i];  // volatile: this call is not vectorised
+    const float s = ops::exp(static_cast<float>(xi));
+    CAPTURE(px[i]);
+    if (std::isnan(s)) CHECK(std::isnan(po[i]));
+    else CHECK(std::bit_cast<std::uint32_t>(po[i]) == std::bit_cast<std::uint32_t>(s));
+  }
 }
 
 TEST_CASE("gemm: plain, transposed and strided operands against a naive product") {
