@@ -349,6 +349,13 @@ run_result phases_run(int world) {
       CHECK(counted == sz.padded_total());  // the slices of the ranks partition the gradient
       e.apply(1.f / float(world));
     }
+    // A driver of the phases holds none of backward()'s bucket buffers: its scratch is the
+    // accumulation buffer (ZeRO-2/3: stages 0-1 accumulate into the gradients) and stage 3's
+    // gather arena, nothing else.
+    std::size_t want = 0;
+    if constexpr (Stage::shards_gradients::value) want += sz.padded_total() * sizeof(float);
+    if constexpr (Stage::shards_parameters::value) want += e.gatherer()->plan().arena_numel * sizeof(float);
+    CHECK(scratch.current_bytes() == want);
     r.final_master = e.gather_master();
     if (c.rank() == 0) out = r;
   });

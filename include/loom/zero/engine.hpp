@@ -13,7 +13,8 @@
 //             are refreshed: cast (stage 0), all-gathered (1, 2), or cast into the shard and
 //             persistent parameters re-gathered (3).
 // Everything is sized and planned in the constructor; a training step allocates nothing
-// of its own. Model states come from `resources.states`, so that resource's byte count is
+// of its own, except on first use what only one way of driving the engine needs: the
+// reducer's bucket buffers (backward()) or the accumulation buffer (accumulation(), ZeRO-2/3). Model states come from `resources.states`, so that resource's byte count is
 // the per-rank model-state memory the ZeRO formulas predict; bucket and gather buffers come
 // from `resources.scratch`.
 //
@@ -132,6 +133,8 @@ class engine {
     LOOM_CHECK(res.states && res.scratch && res.host, "zero::engine: every memory resource must be given");
     LOOM_CHECK(static_cast<std::size_t>(comm.size()) == layout_.world(), "zero::engine: communicator has ", comm.size(),
                " ranks but the layout was made for world=", layout_.world());
+    LOOM_CHECK(opt.reduce_bucket_numel > 0, "zero::engine: reduce_bucket_numel must be > 0 elements, got ",
+               opt.reduce_bucket_numel);  // here, not at the first backward() that makes the reducer
     const auto& sz = layout_.sizes();
     rank_ = static_cast<std::size_t>(comm.rank());
     world_ = sz.world();
@@ -161,12 +164,6 @@ class engine {
       for (std::size_t p = 0; p < sz.params(); ++p) ptrs_[p] = params_.data() + sz.offset(p);
     }
     grads_ = buffer<G>(Stage::shards_gradients::value ? sz.shard_total() : sz.padded_total(), *res.states);
-    sched::reduce_options ro{opt.reduce_bucket_numel, opt.overlap_comm, opt.contiguous_gradients,
-                             Stage::shards_gradients::value ? sched::reduce_mode::reduce_scatter
-                                                            : sched::reduce_mode::all_reduce};
-    reduce_ = std::make_unique<sched::reduce_scatter_scheduler<G, C>>(
-        comm, sz, ro, *res.scratch, Stage::shards_gradients::value ? std::span<G>{} : grads_.span(),
-        Stage::shards_gradients::value ? grads_.span() : std::span<G>{});
     state_ = std::make_unique<optimizer_state>(Stage::shards_optimizer::value ? sz.shard_total() : sz.padded_total(),
                                                opt.offload_optimizer, state_resource(), *res.host, opt.nvme_path,
                                                static_cast<int>(rank_));
@@ -188,7 +185,19 @@ class engine {
   const flat_layout& layout() const noexcept { return layout_; }
   C& communicator() noexcept { return *comm_; }
   std::int64_t steps_taken() const noexcept { return step_; }
-  const sched::reduce_scatter_scheduler<G, C>& reducer() const noexcept { return *reduce_; }
+  /// The bucketed reduce scheduler of backward(). Made (and its bucket buffers taken from the
+  /// scratch resource) on first use, so a driver that only uses accumulation() and
+  /// reduce_accumulated() never holds its staging and packing buffers.
+  sched::reduce_scatter_scheduler<G, C>& reducer() {
+    if (!reduce_) {
+      constexpr bool rs = Stage::shards_gradients::value;
+      const sched::reduce_options ro{opt_.reduce_bucket_numel, opt_.overlap_comm, opt_.contiguous_gradients,
+                                     rs ? sched::reduce_mode::reduce_scatter : sched::reduce_mode::all_reduce};
+      reduce_ = std::make_unique<sched::reduce_scatter_scheduler<G, C>>(
+          *comm_, layout_.sizes(), ro, *res_.scratch, rs ? std::span<G>{} : grads_.span(), rs ? grads_.span() : std::span<G>{});
+    }
+    return *reduce_;
+  }
   /// Stage 3 only: the all-gather scheduler (for observers and statistics).
   sched::all_gather_scheduler<T, C>* gatherer() noexcept { return gather_.get(); }
   const optimizer_state& optimizer() const noexcept { return *state_; }
@@ -207,16 +216,17 @@ class engine {
   template <layered_model<T, G> M>
   void backward(M& model) {
     const auto& sz = layout_.sizes();
+    auto& reduce = reducer();
     for (std::size_t l = layout_.layers(); l-- > 0;) {
       acquire_layer(l);
-      std::span<G> g = reduce_->layer_gradients(l);
+      std::span<G> g = reduce.layer_gradients(l);
       for (std::size_t p = sz.layer_begin(l); p < sz.layer_end(l); ++p) gptrs_[p] = g.data() + (sz.offset(p) - sz.layer_offset(l));
       model.backward(l, layer_params<const T>(layout_, l, ptrs_.data()), layer_params<G>(layout_, l, gptrs_.data()));
       release_layer(l);
-      reduce_->layer_done(l);
-      reduce_->progress();
+      reduce.layer_done(l);
+      reduce.progress();
     }
-    reduce_->finish();
+    reduce.finish();
   }
 
   // ---- phases, for a driver that runs the layers itself ---------------------------------

@@ -1,7 +1,8 @@
 // The 3D trainer under mpirun (-np 4: meshes (2,2,1) and (1,2,2); -np 8: (2,2,2)), every
 // ZeRO stage and the three schedules, against the (1,1,1) run computed in each process;
-// checkpoints and init_from_hf with one process per rank.
+// checkpoints, init_from_hf and QLoRA's partitioned base (ZeRO-3) with one process per rank.
 #include "checkpoint_suite.hpp"
+#include "qlora_suite.hpp"
 
 #include "hf_write.hpp"
 
@@ -108,4 +109,48 @@ TEST_CASE("init_from_hf on MPI ranks: each process reads its slices of an HF LLa
   CHECK(std::equal(master.begin(), master.end(), w.params.begin()));
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("QLoRA under ZeRO-3 on MPI ranks: the base partitioned over dp gives the run with the base whole on every rank, bit for bit, and the thread-rank run within 1e-5") {
+  loom::comm::mpi_comm mpi = loom::comm::mpi_comm::world();
+  loom::comm::any_comm world(std::ref(mpi));
+  const int n = world.size();
+  std::vector<loom::comm::mesh_shape> meshes;
+  if (n == 4) meshes = {{4, 1, 1}, {2, 2, 1}};
+  if (n == 8) meshes = {{2, 2, 2}};
+  REQUIRE(!meshes.empty());
+  const llama::config cfg = tiny(false);
+  constexpr int steps = 3;
+  const auto no_base = [](const auto&, const auto&, const std::vector<float>&) {};
+  for (const auto mesh : meshes)
+    for (const auto base : {llama3d::lora_base::nf4, llama3d::lora_base::bf16}) {
+      const std::string what = std::string(llama3d::to_string(base)) + " on (" + std::to_string(mesh.dp) + "," +
+                               std::to_string(mesh.tp) + "," + std::to_string(mesh.pp) + ")";
+      CAPTURE(what);
+      auto o = qlora_suite::qlora_options(mesh, 3, base);
+      const auto part = qlora_suite::qlora_rank(world, cfg, o, steps, no_base);  // every projection partitioned
+      // the same mesh on thread ranks in this process: another communicator, the same sums up to their order
+      qlora_suite::qlora_result threads;
+      run_ranks(mesh.size(), [&](loom::comm::any_comm& t) {
+        auto r = qlora_suite::qlora_rank(t, cfg, o, steps, no_base);
+        if (t.rank() == 0) threads = std::move(r);
+      });
+      o.stage3.persistence_threshold = std::size_t(1) << 40;  // every projection kept whole on every rank
+      const auto whole = qlora_suite::qlora_rank(world, cfg, o, steps, no_base);
+      CHECK(part.partitioned > 0);
+      CHECK(whole.partitioned == 0);
+      CHECK(part.losses == whole.losses);
+      CHECK(part.eval == whole.eval);
+      CHECK(part.adapters == whole.adapters);
+      REQUIRE(part.losses.size() == threads.losses.size());
+      for (std::size_t s = 0; s < threads.losses.size(); ++s) CHECK(std::abs(part.losses[s] - threads.losses[s]) <= 1e-5 * threads.losses[s]);
+      REQUIRE(part.adapters.size() == threads.adapters.size());
+      double worst = 0, moved = 0;
+      for (std::size_t i = 0; i < threads.adapters.size(); ++i) {
+        worst = std::max(worst, double(std::abs(part.adapters[i] - threads.adapters[i])));
+        moved = std::max(moved, double(std::abs(threads.adapters[i])));
+      }
+      CHECK(worst <= 1e-5);
+      CHECK(moved > 0);  // B started at zero: the steps really changed the adapters
+    }
 }

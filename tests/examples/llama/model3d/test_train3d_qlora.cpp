@@ -12,7 +12,7 @@
 // gradient for its frozen base (quantised, or fp32 with dropout): each rank's bytes as its
 // memory resources count them against the sum of what it holds (the formula above that case),
 // the merged fp32 run's with its gradient buffer.
-#include "train3d_suite.hpp"
+#include "qlora_suite.hpp"
 
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/thread_comm.hpp>
@@ -30,71 +30,9 @@
 #include <vector>
 
 using loom::comm::any_comm;
+using namespace qlora_suite;
 
 namespace {
-
-using qlora_trainer = llama3d::trainer<float, float, any_comm>;
-
-// Targets on both splits: q/v/up column-parallel, o/down row-parallel.
-loom::lora::config qlora_adapters(loom::index_t r = 4) {
-  loom::lora::config l;
-  l.r = r, l.lora_alpha = 8;
-  l.target_modules = {"q_proj", "v_proj", "o_proj", "up_proj", "down_proj"};
-  return l;
-}
-
-// AdamW with eps = 1 (far above sqrt(v) ~ |g|): the update is lr g / (|g| + 1), about lr g, so
-// two runs' adapters differ as their gradients do (a normalised step would turn a rounding
-// difference in a near-zero gradient into a full-size one). No clipping, no weight decay.
-llama3d::train_options qlora_options(loom::comm::mesh_shape mesh, int zero, llama3d::lora_base base) {
-  auto o = train3d_suite::options(mesh, zero, "1f1b", 4 / mesh.dp);
-  o.lora = qlora_adapters();
-  o.lora_base = base;
-  o.nf4.block_size = 8;  // divides every shard's rows of the tiny model at tp 2 (wo: 8 columns)
-  o.nf4.absmax_block_size = 4;
-  o.adamw.lr = 0.5f, o.adamw.eps = 1.f, o.adamw.weight_decay = 0.f;
-  o.gradient_clipping = 0.f;
-  return o;
-}
-
-struct qlora_result {
-  std::vector<double> losses;
-  double eval = 0;               // evaluate() after the steps
-  std::size_t partitioned = 0;   // rank 0's slices of a partitioned base (ZeRO-3)
-  std::vector<float> adapters;
-  std::vector<float> base;       // full layout: the projections dequantised as the ranks hold them
-  std::vector<char> quantised;   // full layout: which elements are projections
-};
-
-// Whether a tensor of the decoder is one of a block's projections (what a quantised base holds
-// outside the model's flat buffer).
-bool is_projection(const std::string& name) {
-  return name.find("attention.w") != std::string::npos || name.find("feed_forward.w") != std::string::npos;
-}
-// The projections' elements in a layout.
-std::size_t projection_numel(const loom::nn::param_layout& layout) {
-  std::size_t n = 0;
-  for (const auto& e : layout.entries())
-    if (is_projection(e.name)) n += e.numel;
-  return n;
-}
-
-void qlora_steps(qlora_trainer& t, const llama::config& cfg, const llama3d::train_options& o, int n, std::vector<double>& losses) {
-  for (int s = 0; s < n; ++s)
-    losses.push_back(t.step([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
-                       llama3d::counting_batch(7, step, g, o.micro_batch_size, o.seq, cfg.vocab, tok, tgt);
-                     }).loss);
-}
-
-// Biases (ChatGLM's q/k/v) made nonzero, by their index in the full tensor (the same values on
-// every mesh): the counter-RNG init gives them 0, which would leave their path untested.
-void set_biases(qlora_trainer& t) {
-  auto& m = t.model();
-  const auto p = m.params();
-  for (const auto& s : m.shards())
-    if (s.name.ends_with(".bias"))
-      for (loom::index_t r = 0; r < s.rows; ++r) p[s.local_offset + static_cast<std::size_t>(r)] = 0.05f * std::sin(float(s.row0 + r + 1));
-}
 
 qlora_result qlora_run(const llama::config& cfg, const llama3d::train_options& o, int n) {
   qlora_result out;
@@ -103,30 +41,16 @@ qlora_result qlora_run(const llama::config& cfg, const llama3d::train_options& o
   out.quantised.assign(full.size(), 0);
   std::mutex mu;
   train3d_suite::run_ranks(o.mesh.size(), [&](any_comm& world) {
-    qlora_trainer t(world, cfg, o, loom::default_resource<loom::host>());
-    set_biases(t);
-    const auto& m = t.model();
-    for (std::size_t k = 0; k < m.frozen_shards().size(); ++k) {
-      const std::vector<float> v = t.frozen_values(k);  // collective over dp when the base is partitioned
-      const auto& s = m.frozen_shards()[k];
-      if (t.mesh().coord().dp == 0 && s.replica == 0) {
-        const std::lock_guard lock(mu);
-        for (loom::index_t r = 0; r < s.rows; ++r)
-          for (loom::index_t c = 0; c < s.cols; ++c) {
-            const std::size_t at = m.full_offset(s.name) + static_cast<std::size_t>((s.row0 + r) * s.full_cols + s.col0 + c);
-            out.base[at] = v[static_cast<std::size_t>(r * s.cols + c)];
-            out.quantised[at] = 1;
-          }
-      }
-    }
-    const std::size_t partitioned = t.frozen_partition() ? t.frozen_partition()->shard_bytes() : 0;
-    std::vector<double> losses;
-    qlora_steps(t, cfg, o, n, losses);
-    auto adapters = t.consolidated_lora();
-    const double eval = t.evaluate([&](std::int64_t step, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
-      llama3d::counting_batch(8, step, g, o.micro_batch_size, o.seq, cfg.vocab, tok, tgt);
+    qlora_result r = qlora_rank(world, cfg, o, n, [&](const auto& m, const auto& s, const std::vector<float>& v) {
+      const std::lock_guard lock(mu);
+      for (loom::index_t i = 0; i < s.rows; ++i)
+        for (loom::index_t c = 0; c < s.cols; ++c) {
+          const std::size_t at = m.full_offset(s.name) + static_cast<std::size_t>((s.row0 + i) * s.full_cols + s.col0 + c);
+          out.base[at] = v[static_cast<std::size_t>(i * s.cols + c)];
+          out.quantised[at] = 1;
+        }
     });
-    if (world.rank() == 0) out.losses = losses, out.adapters = std::move(adapters), out.eval = eval, out.partitioned = partitioned;
+    if (world.rank() == 0) out.losses = r.losses, out.adapters = std::move(r.adapters), out.eval = r.eval, out.partitioned = r.partitioned;
   });
   return out;
 }
@@ -340,18 +264,24 @@ TEST_CASE("QLoRA memory on dp 4, LoRA r 16 on q_proj and v_proj: the base's byte
 }
 
 // What each rank holds after construction, on dp 4 under ZeRO-1 (parameters and gradients of
-// the adapters whole, their optimizer state a quarter), P = T = float, n the adapters' padded
-// elements, S the model's flat buffer, b x s a micro-batch:
+// the adapters whole, their optimizer state a quarter) and ZeRO-2 (the gradients a quarter as
+// well), P = T = float, n the adapters' padded elements, S the model's flat buffer, b x s a
+// micro-batch:
 //   4 S                     the model's parameters (the frozen base: the rest outside a quantised one)
 //   + 4 S + 4 W0            merged fp32 only: the model's gradient buffer (the adapted weights' G)
 //                           and the adapted weights as they were (W0)
-//   + 4 n + 4 n + 12 n / 4  the engine: parameters, gradients (its accumulation buffer), fp32 master
-//                           and two moments of its slice
+//   + 4 n + 4 n + 12 n / 4  ZeRO-1, the engine: parameters, gradients (its accumulation buffer),
+//                           fp32 master and two moments of its slice
+//   + 4 n + (4 n / 4 + 4 n) + 12 n / 4
+//                           ZeRO-2: the gradient shard and the accumulation buffer (which the
+//                           merged run takes at its first step: it makes the adapters' gradients
+//                           from G then); none of the reduce scheduler's bucket buffers, which
+//                           the trainer does not use
 //   + 4 n                   unmerged only: the adapters' step copy the frozen ops read
 //   + 8 b s                 the micro-batch's tokens and targets
 //   + base                  quantised: sum of nf4_bytes (or 2 x elements for bf16) over the projections
 // An unmerged run keeps no gradient for the frozen base: 4 S less than the buffer it held before.
-TEST_CASE("LoRA run unmerged (QLoRA NF4 / bf16, fp32 with dropout) keeps no gradient for the frozen base: each rank's bytes on dp 4 ZeRO-1 = formula; the merged run holds its gradient buffer") {
+TEST_CASE("LoRA run unmerged (QLoRA NF4 / bf16, fp32 with dropout) keeps no gradient for the frozen base: each rank's bytes on dp 4 ZeRO-1 and -2 = formula; the merged run holds its gradient buffer") {
   const llama::config cfg = train3d_suite::tiny(false);
   const auto full = llama3d::full_layout(cfg);
   const std::size_t projections = projection_numel(full);
@@ -368,11 +298,13 @@ TEST_CASE("LoRA run unmerged (QLoRA NF4 / bf16, fp32 with dropout) keeps no grad
     llama3d::lora_base base;
     double dropout;
   };
+  for (const int zero : {1, 2})
   for (const mode& md : {mode{"nf4", llama3d::lora_base::nf4, 0.0}, mode{"bf16", llama3d::lora_base::bf16, 0.0},
                          mode{"fp32, dropout 0.1", llama3d::lora_base::fp32, 0.1},
                          mode{"fp32 merged", llama3d::lora_base::fp32, 0.0}}) {
-    CAPTURE(md.what);
-    auto o = qlora_options({4, 1, 1}, 1, md.base);
+    const std::string what = std::string(md.what) + ", ZeRO-" + std::to_string(zero);
+    CAPTURE(what);
+    auto o = qlora_options({4, 1, 1}, zero, md.base);
     o.lora->r = static_cast<loom::index_t>(r);
     o.lora->target_modules = {"q_proj", "v_proj"};
     o.lora->lora_dropout = md.dropout;
@@ -399,7 +331,7 @@ TEST_CASE("LoRA run unmerged (QLoRA NF4 / bf16, fp32 with dropout) keeps no grad
       }
       left[k] = mr.current_bytes();
     });
-    const std::size_t want = 4 * S + (merged ? 4 * S + 4 * w0 : 0) + 4 * n + 4 * n + 12 * n / 4 + (merged ? 0 : 4 * n) +
+    const std::size_t want = 4 * S + (merged ? 4 * S + 4 * w0 : 0) + 4 * n + (zero == 1 ? 4 * n : 4 * n / 4 + (merged ? 0 : 4 * n)) + 12 * n / 4 + (merged ? 0 : 4 * n) +
                              8 * static_cast<std::size_t>(o.micro_batch_size * o.seq) + base;
     for (std::size_t k = 0; k < 4; ++k) {
       CAPTURE(k);
