@@ -30,7 +30,7 @@ const char* usage =
     "                   [--eval-every N [--eval-data FILES] [--eval-batches K]]\n"
     "                   [--init-from HF_FOLDER] [--save DIR [--save-every N] [--keep-last K] [--export-hf OUT]] [--resume DIR]\n"
     "                   [--lora-r N [--lora-alpha A] [--lora-dropout P] [--lora-targets q_proj,v_proj] [--rslora]\n"
-    "                    [--lora-base fp32|bf16|nf4] [--lora-from PEFT_DIR] [--export-lora PEFT_DIR]]\n"
+    "                    [--lora-base fp32|bf16|nf4] [--lora-merged] [--lora-from PEFT_DIR] [--export-lora PEFT_DIR]]\n"
     "                   [--group NAME=GLOB[,GLOB][@FIRST:LAST]]... [--unfreeze UNTIL:G[+G],...] [--group-lr NAME=LR] [--group-wd NAME=WD]\n"
     "  Ranks: dp x tp x pp threads (--ranks N: --dp N), or the processes of `mpirun -np dp*tp*pp`.\n"
     "  A config's ZeRO stage, batch (micro batch x accumulation), precision (fp16: its loss scaler), optimizer,\n"
@@ -47,9 +47,9 @@ const char* usage =
     "  targets by HF names (LLaMA q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; ChatGLM query_key_value dense\n"
     "  dense_h_to_4h dense_4h_to_h); --export-lora writes adapter_config.json + adapter_model.safetensors for PEFT.\n"
     "  --lora-dropout: PEFT's dropout on the adapters' input only, while training (default 0; in [0, 1)).\n"
-    "  --lora-base: the frozen base's projections kept fp32 (adapters merged each step; unmerged with --lora-dropout > 0),\n"
-    "  or bf16 / nf4 (QLoRA: bitsandbytes' NF4 with double quantisation, block 64; dequantised inside the GEMMs, adapters\n"
-    "  unmerged).\n"
+    "  --lora-base: the frozen base's projections kept fp32, or bf16 / nf4 (QLoRA: bitsandbytes' NF4 with double\n"
+    "  quantisation, block 64; dequantised inside the GEMMs); the adapters run unmerged beside them. --lora-merged (fp32,\n"
+    "  no dropout): merge them into the weights each step instead (the same results; more memory and time).\n"
     "  --group: a parameter group by HF names (model.layers.3.self_attn.q_proj.weight; LoRA factors ...q_proj.lora_A.weight)\n"
     "  and layers [FIRST, LAST) (negative: from the end); the rest is group base. --unfreeze: phases by fraction of --steps,\n"
     "  e.g. 0.3:lora,0.7:lora+top,1:lora+top+base. --group-lr: a group's lr (it follows the lr schedule's ratio).\n";
@@ -139,6 +139,7 @@ llama_train::options parse(int argc, char** argv, bool& help) {
     else if (a == "--lora-dropout") lora().lora_dropout = number<double>(a, value());
     else if (a == "--lora-targets") lora().target_modules = loom::lora::parse_targets(value());
     else if (a == "--rslora") lora().use_rslora = true;
+    else if (a == "--lora-merged") lora(), o.lora_merged = true;
     else if (a == "--lora-from") lora(), o.lora_from = value();
     else if (a == "--export-lora") lora(), o.export_lora = value();
     else if (a == "--lora-base") {

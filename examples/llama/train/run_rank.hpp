@@ -53,6 +53,7 @@ inline llama3d::train_options trainer_options(const options& o, const loom::io::
   t.loss_scaler = loom::zero::loss_scaler_from(c);
   t.lora = o.lora;
   t.lora_base = llama3d::parse_lora_base(o.lora_base);
+  t.lora_merged = o.lora_merged;
   t.groups = c.groups;
   t.total_steps = o.steps;
   t.group_name = [model = o.model](const std::string& n) { return group_name(model, n); };

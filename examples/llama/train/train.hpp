@@ -67,7 +67,8 @@ struct options {
   std::optional<loom::lora::config> lora;
   std::string lora_from;    ///< a PEFT adapter folder to start the adapters from
   std::string export_lora;  ///< after the last step: the adapters as a PEFT folder
-  std::string lora_base = "fp32";  ///< --lora-base: the frozen base's projections as fp32 (merged), bf16 or nf4 (QLoRA)
+  std::string lora_base = "fp32";  ///< --lora-base: the frozen base's projections as fp32, bf16 or nf4 (QLoRA)
+  bool lora_merged = false;        ///< --lora-merged: an fp32 base with the adapters merged each step (llama3d::train_options)
   /// Parameter groups and progressive unfreezing by flags (--group, --unfreeze), else the
   /// config's "param_groups" / "progressive_unfreezing" (not both); --group-lr / --group-wd
   /// set a group's lr / weight_decay (of either source; "base" included).

@@ -1,6 +1,12 @@
 #pragma once
 // LoRA adapters on one stage model of the mesh trainer (loom::lora::adapter per adapted
-// projection of every block this rank holds), run as a merged weight:
+// projection of every block this rank holds), run unmerged: a frozen_projection (below) behind
+// each projection computes y = x W^T + s (dropout(x) A^T) B^T and its backward, adding the
+// adapters' gradients into their engine's accumulation buffer; the base's weight gradient only
+// where an engine trains the base. The base is the fp32 weights' own slot in the model's flat
+// buffer, or quantised (train_options::lora_base bf16 / nf4, QLoRA: dequantised in the GEMMs).
+//
+// train_options::lora_merged (fp32, no dropout) runs the same adapters as a merged weight:
 //
 //   before a step's passes   W_eff = W0 + scaling * B A     (W0: the frozen base, kept aside)
 //   the passes               the decoder as it is, reading W_eff; its backward gives
@@ -9,15 +15,13 @@
 //                            (adapter::backward_from_weight_grad; the replicated factor
 //                            summed over the tensor group)
 //
-// Why merged: y = x W_eff^T is exactly the unmerged x W0^T + scaling * (x A^T) B^T, and the
-// gradients above are exactly the unmerged layer's (dL/dB = scaling G A^T, dL/dA = scaling
-// B^T G), so the decoder's layers run unchanged -- one forward for every configuration, no
-// LoRA branch inside attention or the MLP to keep in step -- and the base's weight gradient,
-// which the layers compute anyway, is what the adapters' gradients are made of. The price:
-// the adapted base weights are held twice (W0 and W_eff) and their weight gradient is
-// computed; and dropout cannot act on the LoRA branch alone: with lora_dropout > 0 the fp32
-// base runs unmerged instead (frozen_projection below over its own slot in the model's
-// buffer), the mask drawn from the counter RNG per pass (lora_dropout_at).
+// y = x W_eff^T is exactly the unmerged x W0^T + scaling * (x A^T) B^T, and the gradients
+// above are exactly the unmerged layer's (dL/dB = scaling G A^T, dL/dA = scaling B^T G), by
+// other arithmetic: the tests' oracle of the unmerged path. It was the first path, as it needs
+// no LoRA branch in the layers; it holds the adapted weights twice (W0 and W_eff) and a
+// gradient buffer of the base's size and computes every projection's weight gradient, which
+// made it twice the memory and 1.6-1.9x the step time of the unmerged run (docs/benchmarks.md),
+// and it cannot express dropout on the LoRA branch alone.
 //
 // Layout: one unit per block of the stage (the blocks' adapters in the order of the config's
 // target modules), each padded to the data-parallel size, so ZeRO's engine partitions and
@@ -25,11 +29,6 @@
 // tensors `layers.{i}.<tensor>.lora_A.weight` [r, in] / `.lora_B.weight` [out, r], <tensor>
 // the base's (attention.wq, feed_forward.w13, ...); B's row rectangles follow the base
 // weight's (fused q/k/v and gate/up are split by parts).
-//
-// A quantised base (train_options::lora_base bf16 / nf4, QLoRA) is run unmerged too: its
-// projections are not in the model's buffer, and a frozen_projection (below) behind each
-// layer computes x deq(W)^T + s (dropout(x) A^T) B^T and its backward; only the layout above
-// is shared.
 
 #include "../model3d/llama3d.hpp"
 
@@ -50,8 +49,8 @@
 namespace llama3d {
 
 /// How a LoRA run holds its frozen base's projections (train_options::lora_base).
-///   fp32: in the model's flat buffer, the adapters merged into them each step (below), or,
-///   with lora_dropout > 0, unmerged by a frozen_projection over that buffer;
+///   fp32: in the model's flat buffer, run unmerged by a frozen_projection over that buffer
+///   (or, train_options::lora_merged, the adapters merged into them each step: below);
 ///   bf16, nf4: outside it, as quant::bf16_matrix / quant::nf4_matrix (QLoRA), each layer run
 ///   unmerged by a frozen_projection: y = x deq(W)^T + s (x A^T) B^T.
 enum class lora_base { fp32, bf16, nf4 };
@@ -234,7 +233,7 @@ class stage_lora {
 /// this rank's shard (QLoRA: lora_base bf16 / nf4), its packed bytes held here or, under
 /// ZeRO-3, partitioned over dp and read from the block's gathered copy during each use
 /// (partitioned_base.hpp); or resident: the fp32 base's own slot in the model's flat buffer
-/// (lora_base fp32 with lora_dropout > 0, which cannot run merged).
+/// (lora_base fp32, unless train_options::lora_merged).
 ///   forward   y = x W^T + s (u A^T) B^T,            u = dropout(x)
 ///   backward  dx (+)= dy W + s ((dy B) A) * mask,  dA += s (dy B)^T u,  dB += s dy^T (u A^T),
 ///             and, resident with a weight gradient wanted (an unfrozen base), dW += dy^T x

@@ -59,11 +59,10 @@
 // gradient norm (clipping sees what trains).
 // Under LoRA, a chunk whose schedule never trains a base tensor keeps its base out of any
 // engine (the LoRA-only memory). One whose schedule does gets a second engine over its base
-// (chunk_state::base, ZeRO 0-2): the model reads the base from that engine's resident buffer,
-// the step merges W0 + scaling B A into it, the weights' gradient G is the base's gradient as
-// well as the adapters' source, both engines reduce, count in the norm and apply, and the
-// refreshed base becomes the next step's W0. ZeRO-3 is refused there: its base is gathered unit
-// by unit and has no resident copy to merge into.
+// (chunk_state::base, ZeRO 0-2): the model reads the base from that engine's resident buffer
+// and writes the base's gradient into its accumulation buffer, both engines reduce, count in
+// the norm and apply. ZeRO-3 is refused there: the frozen ops read the base in place, and a
+// ZeRO-3 base is gathered unit by unit with no resident copy.
 // A quantised base (train_options::lora_base bf16 / nf4, QLoRA): the blocks' projections are
 // not in the model's flat buffer at all; each rank quantises its own shards once (from the
 // initialised or HF values) into a frozen_projection behind the layer, which computes
@@ -76,18 +75,19 @@
 // param_source (base_source) that all-gathers a block's bytes around each use of the block,
 // forward, backward and recompute, with the library's all-gather plan and scheduler over the
 // passes' order of blocks (partitioned_base.hpp). ZeRO 0-2 keep it whole on every rank.
-// LoRA dropout (lora_dropout > 0): a merged weight cannot mask the LoRA branch alone, so an
-// fp32 base runs unmerged the same way, a frozen_projection over each adapted layer's own
-// slot in the model's buffer (no W0 copy; dW only when an engine trains the base). Each pass
-// of a micro-batch first sets the context the ops draw their masks from (step, the
-// micro-batch's first token in the global batch: lora_dropout_at), so the masks do not depend
-// on the mesh and a recompute under checkpointing draws the forward's; evaluation: none.
-// Either way unmerged (quantised, or dropout with no base tensor ever unfrozen), nothing in the
-// stage model's flat buffer trains: the model is built without a gradient buffer (stage_model's
-// gradients = false) and its layers compute input gradients only -- no weight, bias, norm or
-// embedding gradient. The merged path keeps the buffer of the base's size: its adapted part is
-// the G the adapters' gradients are made from; with no base engine only the projections write
-// into it (stage_model::set_projection_grads_only). docs/lora.md, "No gradient for a frozen base".
+// An fp32 base runs unmerged the same way: a frozen_projection over each adapted layer's own
+// slot in the model's buffer (no W0 copy; dW only when an engine trains the base). With LoRA
+// dropout each pass of a micro-batch first sets the context the ops draw their masks from
+// (step, the micro-batch's first token in the global batch: lora_dropout_at), so the masks do
+// not depend on the mesh and a recompute under checkpointing draws the forward's; evaluation:
+// none. Unmerged, nothing in the stage model's flat buffer trains unless a base engine does:
+// the model is built without a gradient buffer (stage_model's gradients = false) and its
+// layers compute input gradients only -- no weight, bias, norm or embedding gradient.
+// train_options::lora_merged (fp32, no dropout; the tests' oracle) merges W0 + scaling B A into
+// the weights each step instead and keeps a gradient buffer of the base's size: its adapted
+// part is the G the adapters' gradients are made from; with no base engine only the
+// projections write into it (stage_model::set_projection_grads_only); with one, the refreshed
+// base becomes the next step's W0. docs/lora.md, "No gradient for a frozen base".
 
 #include "lora3d.hpp"
 #include "partitioned_base.hpp"
@@ -144,12 +144,18 @@ struct train_options {
   bool checkpointing = false;
   /// 1 (none: fp32, bfloat16), or ds_config's fp16 section (loom::zero::loss_scaler_from)
   loom::amp::any_loss_scaler loss_scaler{loom::amp::static_loss_scaler(1.f)};
-  /// LoRA adapters on a frozen base (PEFT's fields; lora_dropout > 0 runs an fp32 base unmerged, lora3d.hpp)
+  /// LoRA adapters on a frozen base (PEFT's fields, lora3d.hpp)
   std::optional<loom::lora::config> lora;
-  /// LoRA: how the base's projections are held (lora3d.hpp): fp32 (merged each step) or
-  /// quantised, bf16 or nf4 (QLoRA: unmerged, dequantised inside the GEMMs); `nf4` is the
-  /// format (block_size must divide every projection shard's row length).
+  /// LoRA: how the base's projections are held (lora3d.hpp): fp32, or quantised, bf16 or nf4
+  /// (QLoRA: dequantised inside the GEMMs); every one run unmerged, y = x W^T + s (x A^T) B^T.
+  /// `nf4` is the format (block_size must divide every projection shard's row length).
   llama3d::lora_base lora_base = llama3d::lora_base::fp32;
+  /// LoRA on an fp32 base without dropout: merge W0 + s B A into the projections each step and
+  /// make the adapters' gradients from the weights' gradient G instead (lora3d.hpp, "merged").
+  /// The same results by other arithmetic; the tests' oracle of the unmerged path. It holds a
+  /// gradient buffer of the base's size and W0 and computes every projection's dW, so it is
+  /// about twice the memory and 1.6-1.9x the step time (docs/benchmarks.md): not a default.
+  bool lora_merged = false;
   loom::quant::nf4_options nf4{.block_size = 64, .double_quant = true, .absmax_block_size = 256};
   /// Parameter groups and progressive unfreezing (optim/param_groups.hpp; see "Parameter
   /// groups" below). No groups and no phases: one group, every parameter trains every step.
@@ -172,6 +178,11 @@ struct train_options {
     LOOM_CHECK(micro_batches >= 1, "llama3d: micro_batches must be >= 1, got ", micro_batches);
     LOOM_CHECK(micro_batch_size >= 1 && seq >= 1, "llama3d: micro_batch_size=", micro_batch_size, " seq=", seq);
     LOOM_CHECK(gradient_clipping >= 0.f, "llama3d: gradient_clipping must be >= 0, got ", gradient_clipping);
+    if (lora_merged) {
+      LOOM_CHECK(lora, "llama3d: lora_merged needs LoRA adapters, got lora=none");
+      LOOM_CHECK(lora_base == lora_base::fp32 && lora->lora_dropout == 0.0, "llama3d: lora_merged needs LoRA on an fp32 "
+                 "base without dropout, got lora_base=", to_string(lora_base), " lora_dropout=", lora->lora_dropout);
+    }
     LOOM_CHECK(groups.phases.empty() || total_steps >= 1, "llama3d: progressive_unfreezing needs total_steps >= 1 (the run's "
                "length the phases are fractions of), got total_steps=", total_steps);
   }
@@ -304,7 +315,7 @@ class trainer {
     // LoRA run unmerged (a quantised base, or dropout): nothing in the model's flat buffer
     // trains -- the adapters' gradients go to their engine -- so the model keeps no gradient
     // buffer; a schedule that unfreezes base tensors gives it the base engine's (use_storage)
-    const bool unmerged_lora = opt.lora && (opt.lora_base != lora_base::fp32 || opt.lora->lora_dropout > 0.0);
+    const bool unmerged_lora = opt.lora && !opt.lora_merged;
     for (int c = 0; c < v; ++c) {
       auto ck = std::make_unique<chunk_state>();
       ck->model = std::make_unique<stage_model<P, T, C>>(cfg, mesh_.tp(), c * p + mesh_.coord().pp, p * v, mr, dp_,
@@ -599,8 +610,8 @@ class trainer {
       if (trained.empty() && opt_.grouped() && !opt_.groups.phases.empty() && ever_trains(group_of(sh.name))) trained = sh.name;
     if (!trained.empty()) {
       LOOM_CHECK(opt_.zero_stage <= 2, "llama3d: with LoRA, progressive_unfreezing trains base tensor '", trained, "' (group \"",
-                 opt_.groups.groups[group_of(trained)].name, "\"), which needs ZeRO stage <= 2 (the merged weights are "
-                 "written into the base's resident parameters), got zero_stage=", opt_.zero_stage);
+                 opt_.groups.groups[group_of(trained)].name, "\"), which needs ZeRO stage <= 2 (the frozen ops read the "
+                 "base's resident parameters, which ZeRO-3 does not keep), got zero_stage=", opt_.zero_stage);
       ck->base = make_base_engine(m, eo, param_mr, trace_of(sched_, static_cast<int>(chunks_.size()), m, false));
       use_groups(*ck->base, ck->base_counted, m.shards());
     }
@@ -612,7 +623,7 @@ class trainer {
     const auto& lo = *ck->lora;
     if (quantised) {
       quantise_base(*ck, static_cast<int>(chunks_.size()));
-    } else if (opt_.lora->lora_dropout > 0.0) {
+    } else if (!opt_.lora_merged) {
       unmerge_base(*ck);
     } else {
       ck->frozen = loom::buffer<P>(lo.frozen_size(), *mr_);
@@ -718,8 +729,9 @@ class trainer {
                                     static_cast<index_t>((fs[k].local_offset - it.base_offset) / static_cast<std::size_t>(it.cols)));
     ck.live = loom::buffer<P>(ck.lora->layout().size(), *mr_);
   }
-  // An fp32 base with lora_dropout > 0 (no merged weight expresses a mask on the LoRA branch
-  // alone): a frozen op over its own weight in the model's buffer behind each adapted layer --
+  // An fp32 base run unmerged (every fp32 run but lora_merged's; with lora_dropout > 0 no
+  // merged weight could express the mask on the LoRA branch alone): a frozen op over its own
+  // weight in the model's buffer behind each adapted layer --
   // each part of a fused tensor (q/k/v, gate/up) its own, with its rows of B -- computing the
   // base term and the adapter's; the base's weight gradient only where an engine trains it.
   void unmerge_base(chunk_state& ck) {

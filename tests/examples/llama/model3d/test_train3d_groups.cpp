@@ -266,7 +266,7 @@ TEST_CASE("parameter groups: bad input is a loom::error naming it") {
   o.groups.groups[0].lr.reset();
   o.total_steps = 0;
   CHECK(error().find("progressive_unfreezing needs total_steps >= 1") != std::string::npos);
-  // LoRA with a phase that trains the base: the merged weights go into the base's resident
+  // LoRA with a phase that trains the base: the frozen ops read the base's resident
   // parameters, which ZeRO-3 does not keep
   o.total_steps = 4;
   o.lora.emplace();
@@ -356,10 +356,11 @@ struct hybrid_run {
 
 // The seed's recipe under LoRA on the tiny model: the adapters, then the top layer's base
 // tensors too, then everything (groups: empty = a LoRA-only run).
-hybrid_run hybrid_train(loom::comm::mesh_shape mesh, int zero, bool grouped) {
+hybrid_run hybrid_train(loom::comm::mesh_shape mesh, int zero, bool grouped, bool merged = false) {
   const auto cfg = train3d_suite::tiny(false);
   auto o = train3d_suite::options(mesh, zero, "1f1b", 4 / mesh.dp);
   o.lora.emplace();
+  o.lora_merged = merged;
   o.lora->r = 2, o.lora->lora_alpha = 4;
   o.lora->target_modules = {"q_proj", "v_proj", "down_proj"};
   if (grouped) {
@@ -410,6 +411,14 @@ TEST_CASE("progressive unfreezing under LoRA: adapters, then the top layer's bas
   const auto lora_only = hybrid_train({1, 1, 1}, 0, false);
   for (std::size_t i = 0; i < 3; ++i) CHECK(std::abs(one.losses[i] - lora_only.losses[i]) < 1e-5 * lora_only.losses[i]);
   CHECK(std::abs(one.losses[5] - lora_only.losses[5]) > 1e-6 * lora_only.losses[5]);  // the top layer trains from step 3
+  // the merged path (lora_merged: W0 + s B A written into the base engine's weights for the
+  // passes, the base's and the adapters' gradients from the weights' G) is the same run
+  const auto merged = hybrid_train({1, 1, 1}, 0, true, true);
+  for (std::size_t i = 0; i < 10; ++i) CHECK(std::abs(merged.losses[i] - one.losses[i]) < 1e-5 * one.losses[i]);
+  double wm = 0;
+  for (std::size_t i = 0; i < one.bases.back().size(); ++i) wm = std::max(wm, std::abs(merged.bases.back()[i] - one.bases.back()[i]));
+  for (std::size_t i = 0; i < one.adapters.size(); ++i) wm = std::max(wm, double(std::abs(merged.adapters[i] - one.adapters[i])));
+  CHECK(wm < 1e-5);
   // the mesh: dp 2 under ZeRO-2 (both engines partitioned)
   const auto dp2 = hybrid_train({2, 1, 1}, 2, true);
   for (std::size_t i = 0; i < 10; ++i) CHECK(std::abs(dp2.losses[i] - one.losses[i]) < 1e-5 * one.losses[i]);

@@ -1,6 +1,7 @@
 // LoRA through the mesh trainer (train_options::lora, lora3d.hpp) on the tiny LLaMA and
 // ChatGLM. Oracles: central finite differences in double of the decoder's loss for the
-// adapters' gradients (the merged-weight path's dA, dB); the (1,1,1) run for tp 2, dp 2
+// adapters' gradients (the merged-weight path's dA, dB); the merged run (lora_merged) for the
+// unmerged one, the trainer's default; the (1,1,1) run for tp 2, dp 2
 // ZeRO-3, pp 2 and (2,2,2) meshes (losses and consolidated adapters within 1e-5); the base
 // parameters captured before training, bit for bit, for the frozen base; and PyTorch
 // (lora_decoder_reference.py: hf_init_reference's HF LLaMA with every projection a
@@ -54,9 +55,10 @@ struct lora_run {
 };
 
 lora_run lora_train(const llama::config& cfg, loom::comm::mesh_shape mesh, int zero, int n_steps, double dropout = 0,
-                    bool checkpointing = false) {
+                    bool checkpointing = false, bool merged = false) {
   auto o = train3d_suite::options(mesh, zero, "1f1b", 4 / mesh.dp);
   o.lora = lora_cfg(cfg);
+  o.lora_merged = merged;
   o.lora->lora_dropout = dropout;
   o.checkpointing = checkpointing;
   o.adamw.lr = 1e-2f;
@@ -310,12 +312,18 @@ TEST_CASE("A stage model built without gradients (a frozen base) gives the loss 
   }
 }
 
-TEST_CASE("LoRA on a frozen base: tp 2, dp 2 ZeRO-3, pp 2 and (2,2,2) reproduce the (1,1,1) run; the base is unchanged bit for bit") {
+TEST_CASE("LoRA on a frozen base: the unmerged run equals the merged one (lora_merged); tp 2, dp 2 ZeRO-3, pp 2 and (2,2,2) reproduce the (1,1,1) run; the base is unchanged bit for bit") {
   for (const llama::config& cfg : {train3d_suite::tiny(false), lora_tiny_glm()}) {
     CAPTURE(cfg.model_type);
     const int n = 6;
     const lora_run ref = lora_train(cfg, {1, 1, 1}, 0, n);
     CHECK(ref.base_unchanged);
+    // the merged path (W0 + s B A written into the weights, dA and dB from the weights' G):
+    // the same run by other arithmetic, on one rank and on (2,2,1) ZeRO-2
+    const lora_run merged = lora_train(cfg, {1, 1, 1}, 0, n, 0, false, true);
+    CHECK(merged.base_unchanged);
+    lora_compare(merged, ref);
+    lora_compare(lora_train(cfg, {2, 2, 1}, 2, n, 0, false, true), ref);
     CHECK(ref.losses.back() < ref.losses.front());  // the adapters learn
     double b_norm = 0;  // B left zero, init's value: trained
     const auto full = llama3d::lora_full_layout(lora_cfg(cfg), cfg);

@@ -1,6 +1,6 @@
 // QLoRA in the mesh trainer: LoRA over a frozen base whose projections are quantised (NF4 as
 // bitsandbytes stores it, or bf16) and run unmerged (train_options::lora_base,
-// lora3d.hpp's frozen_projection). Oracles: the merged fp32 LoRA path on one rank whose
+// lora3d.hpp's frozen_projection). Oracles: the merged fp32 LoRA path (lora_merged) on one rank whose
 // projections were overwritten with the dequantised values the mesh's ranks hold (losses and
 // adapters within 1e-4; the update is made linear in the gradient, see qlora_options); the
 // closed form nf4_bytes() / 2 bytes per shard for the base's bytes as the trainer's memory
@@ -9,7 +9,7 @@
 // adapter element, over dp) for the trainable states. The base partitioned over dp (ZeRO-3)
 // against the same run with the base kept whole on every rank (the persistence threshold
 // above every projection): the same losses and adapters, bit for bit. A run that keeps no
-// gradient for its frozen base (quantised, or fp32 with dropout): each rank's bytes as its
+// gradient for its frozen base (every unmerged run: quantised or fp32): each rank's bytes as its
 // memory resources count them against the sum of what it holds (the formula above that case),
 // the merged fp32 run's with its gradient buffer.
 #include "qlora_suite.hpp"
@@ -60,6 +60,7 @@ qlora_result merged_oracle(const llama::config& cfg, const qlora_result& q, int 
                            const loom::lora::config& adapters = qlora_adapters()) {
   auto o = qlora_options({1, 1, 1}, 0, llama3d::lora_base::fp32);
   o.lora = adapters;
+  o.lora_merged = true;
   qlora_result out;
   double moved = 0;
   train3d_suite::run_ranks(1, [&](any_comm& world) {
@@ -281,7 +282,7 @@ TEST_CASE("QLoRA memory on dp 4, LoRA r 16 on q_proj and v_proj: the base's byte
 //   + 8 b s                 the micro-batch's tokens and targets
 //   + base                  quantised: sum of nf4_bytes (or 2 x elements for bf16) over the projections
 // An unmerged run keeps no gradient for the frozen base: 4 S less than the buffer it held before.
-TEST_CASE("LoRA run unmerged (QLoRA NF4 / bf16, fp32 with dropout) keeps no gradient for the frozen base: each rank's bytes on dp 4 ZeRO-1 and -2 = formula; the merged run holds its gradient buffer") {
+TEST_CASE("LoRA run unmerged (QLoRA NF4 / bf16, fp32 with and without dropout) keeps no gradient for the frozen base: each rank's bytes on dp 4 ZeRO-1 and -2 = formula; the merged run holds its gradient buffer") {
   const llama::config cfg = train3d_suite::tiny(false);
   const auto full = llama3d::full_layout(cfg);
   const std::size_t projections = projection_numel(full);
@@ -297,18 +298,21 @@ TEST_CASE("LoRA run unmerged (QLoRA NF4 / bf16, fp32 with dropout) keeps no grad
     const char* what;
     llama3d::lora_base base;
     double dropout;
+    bool merged;
   };
   for (const int zero : {1, 2})
-  for (const mode& md : {mode{"nf4", llama3d::lora_base::nf4, 0.0}, mode{"bf16", llama3d::lora_base::bf16, 0.0},
-                         mode{"fp32, dropout 0.1", llama3d::lora_base::fp32, 0.1},
-                         mode{"fp32 merged", llama3d::lora_base::fp32, 0.0}}) {
+  for (const mode& md : {mode{"nf4", llama3d::lora_base::nf4, 0.0, false}, mode{"bf16", llama3d::lora_base::bf16, 0.0, false},
+                         mode{"fp32", llama3d::lora_base::fp32, 0.0, false},
+                         mode{"fp32, dropout 0.1", llama3d::lora_base::fp32, 0.1, false},
+                         mode{"fp32 merged", llama3d::lora_base::fp32, 0.0, true}}) {
     const std::string what = std::string(md.what) + ", ZeRO-" + std::to_string(zero);
     CAPTURE(what);
     auto o = qlora_options({4, 1, 1}, zero, md.base);
     o.lora->r = static_cast<loom::index_t>(r);
     o.lora->target_modules = {"q_proj", "v_proj"};
     o.lora->lora_dropout = md.dropout;
-    const bool quantised = md.base != llama3d::lora_base::fp32, merged = !quantised && md.dropout == 0.0;
+    o.lora_merged = md.merged;
+    const bool quantised = md.base != llama3d::lora_base::fp32, merged = md.merged;
     std::size_t base = 0;  // tp = pp = 1: every rank's projection shards are the whole tensors
     for (const auto& e : full.entries())
       if (quantised && is_projection(e.name))

@@ -153,6 +153,17 @@ foreach(_bad "r;--lora-r;0;--lora-r must be >= 1, got 0"
   add_test(NAME llama_train_cli_lora_bad_${_name} COMMAND llama-train --lora-r 4 ${_small} ${_flag} ${_value})
   set_tests_properties(llama_train_cli_lora_bad_${_name} PROPERTIES PASS_REGULAR_EXPRESSION "${_expect}" TIMEOUT 30)
 endforeach()
+# --lora-merged: the adapters merged into an fp32 base each step (the unmerged run's oracle in
+# test_train3d_lora / _qlora); with dropout or a quantised base it is refused, naming both
+add_test(NAME llama_train_cli_lora_merged COMMAND llama-train --dp 2 --zero 2 --lora-r 4 --lora-merged ${_small})
+set_tests_properties(llama_train_cli_lora_merged PROPERTIES PASS_REGULAR_EXPRESSION "step 2/2 \\| loss"
+                     ENVIRONMENT OPENBLAS_NUM_THREADS=1 TIMEOUT 60)
+add_test(NAME llama_train_cli_lora_merged_dropout COMMAND llama-train --lora-r 4 --lora-merged --lora-dropout 0.1 ${_small})
+set_tests_properties(llama_train_cli_lora_merged_dropout PROPERTIES PASS_REGULAR_EXPRESSION
+                     "lora_merged needs LoRA on an fp32 base without dropout, got lora_base=fp32 lora_dropout=0.1" TIMEOUT 30)
+add_test(NAME llama_train_cli_lora_merged_nf4 COMMAND llama-train --lora-r 4 --lora-merged --lora-base nf4 ${_small})
+set_tests_properties(llama_train_cli_lora_merged_nf4 PROPERTIES PASS_REGULAR_EXPRESSION
+                     "lora_merged needs LoRA on an fp32 base without dropout, got lora_base=nf4" TIMEOUT 30)
 # parameter groups and progressive unfreezing: the example config's 30/40/30 schedule on
 # (2,2,1) ZeRO-3 prints each phase's groups where the schedule says (steps 1, 4, 8 of 10);
 # by flags, LoRA's adapters unfrozen in two phases; bad values refused naming them
@@ -167,7 +178,7 @@ set_tests_properties(llama_train_cli_unfreeze_lora PROPERTIES PASS_REGULAR_EXPRE
                      "step 1/4: training groups lora_top. frozen lora base\n.*step 3/4: training groups lora_top lora. frozen base\n.*step 4/4 \\| loss"
                      ENVIRONMENT OPENBLAS_NUM_THREADS=1 TIMEOUT 60)
 # the seed's recipe: LoRA, then the top layer's base, then everything (ZeRO 0-2); with LoRA
-# dropout, so the fp32 base runs unmerged and its unfrozen weights take their gradient from the frozen ops
+# dropout; the fp32 base runs unmerged and its unfrozen weights take their gradient from the frozen ops
 add_test(NAME llama_train_cli_unfreeze_lora_base COMMAND llama-train --dp 2 --zero 1 --lora-r 4 --lora-dropout 0.1 --group "lora=*lora_*"
          --group top=@-1: --unfreeze "0.3:lora,0.7:lora+top,1:lora+top+base" --group-lr lora=3e-3 --group-lr base=1e-4
          ${_small} --steps 10)
