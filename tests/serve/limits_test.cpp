@@ -229,6 +229,7 @@ TEST_CASE("llama-serve limits: bodies, fields, caps, deadlines") {
     }
     const auto until = clock::now() + 3s;
     while (capped.in_flight() < 4 && clock::now() < until) std::this_thread::sleep_for(10ms);
+    CAPTURE(capped.connections_evicted());  // a holder evicted for want of a thread would show here
     REQUIRE(capped.in_flight() == 4);
     for (const char* r : routes) {
       CAPTURE(r);

@@ -237,7 +237,9 @@ class server : public httplib::Server {
   // the connection that has waited longest for request bytes is closed to free it.
   class pool final : public httplib::TaskQueue {
    public:
-    pool(server& s, std::size_t n) : s_(s) {
+    // A thread counts as idle from its creation, not from its first wait: connections accepted
+    // before the new threads are scheduled are owed those threads, and must not be evicted.
+    pool(server& s, std::size_t n) : s_(s), idle_(n) {
       for (std::size_t i = 0; i < n; ++i) threads_.emplace_back([this] { work(); });
     }
     void enqueue(std::function<void()> fn) override {
@@ -267,25 +269,26 @@ class server : public httplib::Server {
 
    private:
     void work() {
+      std::unique_lock g(mu_);
       for (;;) {
-        std::unique_lock g(mu_);
-        ++idle_;
         cv_.wait(g, [&] { return stop_ || !jobs_.empty(); });
-        --idle_;
         if (jobs_.empty()) return;  // stopping
         auto fn = std::move(jobs_.front());
         jobs_.pop_front();
+        --idle_;
         g.unlock();
         fn();
+        g.lock();
+        ++idle_;
       }
     }
     server& s_;
-    std::vector<std::thread> threads_;
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::function<void()>> jobs_;
-    std::size_t idle_ = 0;
+    std::size_t idle_;  // threads not running a job
     bool stop_ = false;
+    std::vector<std::thread> threads_;  // last: started once the rest is made
   };
 
   bool process_and_close_socket(socket_t sock) override {
