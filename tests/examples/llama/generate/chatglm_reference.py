@@ -95,8 +95,10 @@ def rotary(x, positions):
     return torch.cat([torch.stack([y0, y1], dim=-1).flatten(-2), rest], dim=-1)
 
 
-def forward(w, tokens):
-    """tokens [batch, seq] -> logits [batch, seq, vocab], float64."""
+def forward(w, tokens, lin=None):
+    """tokens [batch, seq] -> logits [batch, seq, vocab], float64. lin(name, h): the projection
+    by weight `name` (default h @ w[name].T; a LoRA oracle wraps it; the bias is added after)."""
+    lin = lin or (lambda name, h: h @ w[name].T)
     b, s = tokens.shape
     pos = torch.arange(s)
     x = w["transformer.embedding.word_embeddings.weight"][tokens]
@@ -104,7 +106,7 @@ def forward(w, tokens):
     for l in range(LAYERS):
         p = f"transformer.encoder.layers.{l}."
         h = rms_norm(x, w[p + "input_layernorm.weight"])
-        qkv = h @ w[p + "self_attention.query_key_value.weight"].T + w[p + "self_attention.query_key_value.bias"]
+        qkv = lin(p + "self_attention.query_key_value.weight", h) + w[p + "self_attention.query_key_value.bias"]
         q, k, v = torch.split(qkv, [HEADS * HD, GROUPS * HD, GROUPS * HD], dim=-1)
         q, k, v = q.view(b, s, HEADS, HD), k.view(b, s, GROUPS, HD), v.view(b, s, GROUPS, HD)
         q = torch.stack([rotary(q[i], pos) for i in range(b)])
@@ -114,10 +116,10 @@ def forward(w, tokens):
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / HD ** 0.5
         probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         a = torch.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, HEADS * HD)
-        x = x + a @ w[p + "self_attention.dense.weight"].T
+        x = x + lin(p + "self_attention.dense.weight", a)
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"])
-        gate, up = torch.chunk(h @ w[p + "mlp.dense_h_to_4h.weight"].T, 2, dim=-1)
-        x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.dense_4h_to_h.weight"].T
+        gate, up = torch.chunk(lin(p + "mlp.dense_h_to_4h.weight", h), 2, dim=-1)
+        x = x + lin(p + "mlp.dense_4h_to_h.weight", torch.nn.functional.silu(gate) * up)
     x = rms_norm(x, w["transformer.encoder.final_layernorm.weight"])
     return x @ w["transformer.output_layer.weight"].T
 

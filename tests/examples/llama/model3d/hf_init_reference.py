@@ -8,6 +8,7 @@
                         model.safetensors.index.json
         DIR/glm_bf16/   the same weights as BF16, one file
         DIR/glm_meta.safetensors              the weights under Meta's names (fused wqkv, w13)
+        DIR/glm_batch.json                    a batch for it: batch, seq, tokens, targets
         DIR/llama/      HF-named LLaMA with GQA (8 heads, 2 KV heads), F32, two shards + index;
                         q_proj/k_proj rows in HF's order (permuted as HF's converter does)
         DIR/llama_f16/  the same weights as F16, one file
@@ -184,6 +185,11 @@ def make(d):
     write_folder(os.path.join(d, "glm"), weights, glm.config_json(), "F32", 2)
     write_folder(os.path.join(d, "glm_bf16"), weights, glm.config_json() | {"torch_dtype": "bfloat16"}, "BF16", 1)
     write_safetensors(os.path.join(d, "glm_meta.safetensors"), {glm_meta_name(k): v for k, v in weights.items()})
+    rng = np.random.default_rng(17)  # a batch for the ChatGLM LoRA oracle (lora_decoder_reference.py)
+    tokens, targets = rng.integers(0, glm.VOCAB, size=(2, 12)), rng.integers(0, glm.VOCAB, size=(2, 12))
+    targets[:, ::4] = -100
+    json.dump({"batch": 2, "seq": 12, "tokens": tokens.reshape(-1).tolist(), "targets": targets.reshape(-1).tolist()},
+              open(os.path.join(d, "glm_batch.json"), "w"))
 
     hf, meta, half = llama_weights(5)
     write_folder(os.path.join(d, "llama"), hf, llama_config(), "F32", 2)

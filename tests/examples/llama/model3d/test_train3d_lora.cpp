@@ -4,8 +4,9 @@
 // unmerged one, the trainer's default; the (1,1,1) run for tp 2, dp 2
 // ZeRO-3, pp 2 and (2,2,2) meshes (losses and consolidated adapters within 1e-5); the base
 // parameters captured before training, bit for bit, for the frozen base; and PyTorch
-// (lora_decoder_reference.py: hf_init_reference's HF LLaMA with every projection a
-// transcribed PEFT LoRA layer reading loom's PEFT folder) for logits, loss, dA and dB.
+// (lora_decoder_reference.py: hf_init_reference's HF LLaMA and ChatGLM3 with every adapted
+// projection a transcribed PEFT LoRA layer reading loom's PEFT folder) for logits, loss, dA
+// and dB.
 #include "train3d_suite.hpp"
 
 #include <llama/generate/llama_loader.hpp>
@@ -425,29 +426,41 @@ TEST_CASE("LoRA in the trainer refuses targets the model lacks, a dropout outsid
   });
 }
 
-TEST_CASE("LoRA on the HF LLaMA: loom's logits, loss, dA and dB equal PyTorch's transcription of PEFT reading loom's PEFT folder") {
+namespace {
+
+// loom's logits, loss and the adapters' gradients (merged path: dA, dB from the merged
+// weights' gradients) for `model` (llama: the HF LLaMA with GQA, all seven projections,
+// rsLoRA; chatglm: the ChatGLM3 with fused, biased query_key_value and packed dense_h_to_4h,
+// its four, plain alpha / r) against lora_decoder_reference.py, PyTorch's unmerged PEFT
+// layers reading the PEFT folder loom wrote.
+void torch_lora_parity(const std::string& model) {
   namespace fs = std::filesystem;
   const std::string py = LOOM_TORCH_PYTHON;
   if (std::system((py + " -c 'import torch, numpy' 2>/dev/null").c_str()) != 0) {
     MESSAGE("skipped: " << py << " cannot import torch");
     return;
   }
-  const fs::path dir = fs::temp_directory_path() / ("loom_lora_decoder_" + std::to_string(::getpid()));
+  const bool glm = model == "chatglm";
+  const fs::path dir = fs::temp_directory_path() / ("loom_lora_decoder_" + model + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   REQUIRE(std::system((py + " " + LOOM_INIT_HF_REFERENCE + " make " + dir.string()).c_str()) == 0);
-  const llama::config cfg = llama::config_from_hf((dir / "llama").string());  // half-split: HF's rows as they are
+  // LLaMA half-split: HF's rows as they are; ChatGLM: fused q/k/v and gate/up as HF holds them
+  const llama::config cfg = llama::config_from_hf((dir / (glm ? "glm" : "llama")).string());
+  REQUIRE(cfg.model_type == (glm ? "chatglm" : "llama"));
   loom::lora::config lc = lora_cfg(cfg);
-  lc.lora_alpha = 16, lc.use_rslora = true;
+  if (!glm) lc.lora_alpha = 16, lc.use_rslora = true;
   nlohmann::json expected;
-  std::ifstream(dir / "llama_expected.json") >> expected;
+  std::ifstream(dir / (glm ? "glm_batch.json" : "llama_expected.json")) >> expected;
   const loom::index_t b = expected["batch"].get<loom::index_t>(), s = expected["seq"].get<loom::index_t>();
   const auto tokens = expected["tokens"].get<std::vector<std::int32_t>>(), targets = expected["targets"].get<std::vector<std::int32_t>>();
   train3d_suite::run_ranks(1, [&](any_comm& self) {
     lora_model m(cfg, self, 0, 1);
-    const auto meta = loom::io::read_safetensors((dir / "llama_meta_half.safetensors").string());  // Meta's names, HF's rows
+    // Meta's names (the layout's); LLaMA's q/k rows in HF's order
+    const auto meta = loom::io::read_safetensors((dir / (glm ? "glm_meta.safetensors" : "llama_meta_half.safetensors")).string());
     for (const auto& e : m.layout().entries()) {
       const auto& t = meta.at(e.name).data;
+      REQUIRE(t.size() == e.numel);
       std::copy(t.begin(), t.end(), m.params().begin() + static_cast<std::ptrdiff_t>(e.offset));
     }
     lora_adapters lo(lc, cfg, m.layout(), m.shards(), m.layers(), {});
@@ -475,9 +488,11 @@ TEST_CASE("LoRA on the HF LLaMA: loom's logits, loss, dA and dB equal PyTorch's 
     lora_grads_all(lo, self, lp, lg, m);
     const std::string out = (dir / "torch.safetensors").string();
     const std::string ref_script = (fs::path(LOOM_INIT_HF_REFERENCE).parent_path() / "lora_decoder_reference.py").string();
-    REQUIRE(std::system((py + " " + ref_script + " " + dir.string() + " " + (dir / "peft").string() + " " + out).c_str()) == 0);
+    REQUIRE(std::system((py + " " + ref_script + " " + dir.string() + " " + (dir / "peft").string() + " " + out + " " + model)
+                            .c_str()) == 0);
     const auto want = loom::io::read_safetensors(out);
     CHECK(std::abs(loss - want.at("loss").data[0]) <= 1e-4 * std::abs(want.at("loss").data[0]));
+    REQUIRE(want.at("logits").data.size() == logits.size());
     CHECK(loom::test::rel_err(logits.data(), want.at("logits").data.data(), logits.size()) <= 1e-4);
     int n = 0;
     for (const auto& e : lo.layout().entries()) {
@@ -488,9 +503,19 @@ TEST_CASE("LoRA on the HF LLaMA: loom's logits, loss, dA and dB equal PyTorch's 
       CHECK(loom::test::rel_err(lg.data() + e.offset, g.data(), e.numel) <= 1e-4);
       ++n;
     }
-    CHECK(n == 2 * 7 * 2);  // A and B of seven projections in two layers
+    CHECK(n == 2 * (glm ? 4 : 7) * 2);  // A and B of every target in two layers
   });
   fs::remove_all(dir);
+}
+
+}  // namespace
+
+TEST_CASE("LoRA on the HF LLaMA: loom's logits, loss, dA and dB equal PyTorch's transcription of PEFT reading loom's PEFT folder") {
+  torch_lora_parity("llama");
+}
+
+TEST_CASE("LoRA on the HF ChatGLM3 (fused, biased query_key_value; packed dense_h_to_4h): loom's logits, loss, dA and dB equal PyTorch's transcription of PEFT") {
+  torch_lora_parity("chatglm");
 }
 
 TEST_CASE("a LoRA run's PEFT folder: exported on (2,2,1) ZeRO-3, imported on (1,1,2) ZeRO-1 and (1,1,1), the same adapters bit for bit; a folder that does not fit is refused") {
