@@ -122,12 +122,22 @@ class hf_source {
 namespace detail {
 /// A LoRA run's frozen base lives in the models' own buffers (no engine, no master): every
 /// shard of every chunk, replicas included, read row by row from src; a quantised base's
-/// projections are read whole per shard and quantised by their frozen ops.
+/// projections are read whole per shard and quantised by their frozen ops. A chunk whose
+/// base a schedule unfreezes has it in an engine of its own (trainer::base_engine): it is read
+/// into that engine's fp32 master slices, as a run without LoRA is, and the caller refreshes
+/// the parameters from there (trainer::restore) -- written into the parameters alone, it would
+/// be overwritten by the master's initial values at the first step.
 template <class P, class T, class C, class Source>
 void read_frozen_base(trainer<P, T, C>& t, const Source& src) {
   std::vector<float> row;
   for (int k = 0; k < t.chunks(); ++k) {
     auto& m = t.model(k);
+    if (auto* e = t.base_engine(k)) {
+      using engine_t = std::remove_pointer_t<decltype(e)>;
+      const loom::checkpoint::chunk<engine_t> ch[1] = {{&m.shards(), e}};
+      loom::checkpoint::load(src, std::span<const loom::checkpoint::chunk<engine_t>>(ch));
+      continue;
+    }
     const std::span<P> p = m.params();
     for (const auto& s : m.shards())
       for (index_t r = 0; r < s.rows; ++r) {
@@ -173,8 +183,10 @@ void init_from_hf(trainer<P, T, C>& t, const std::string& folder, hf_read_stats&
   world.all_reduce(std::span<const double>(&failures, 1), std::span<double>(&failures, 1), loom::comm::reduce_op::sum);
   if (failed) std::rethrow_exception(failed);
   LOOM_CHECK(failures == 0, "llama3d::init_from_hf: reading '", folder, "' failed on ", failures, " other rank(s)");
-  if (t.options().lora) t.lora_capture_base();  // the base is frozen: no master, the adapters as they were
-  else t.restore(0);  // the parameters from the master (stage 0 gathers it first), step 0
+  // the parameters from the master (stage 0 gathers it first), step 0; LoRA: the base engines'
+  // too (the adapters' engine keeps its values), then the frozen base is W0 where merged
+  if (!t.options().lora || t.has_base_engine()) t.restore(0);
+  if (t.options().lora) t.lora_capture_base();
   stats = {f.bytes_read(), f.header_bytes(), f.file_bytes()};
 }
 

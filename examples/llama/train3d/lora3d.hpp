@@ -273,10 +273,33 @@ class frozen_projection final : public loom::nn::frozen_op<T> {
   }
   /// The resident fp32 weight [rows, cols] at `offset` in the model's flat `params`; its
   /// gradient added at the same offset of `grads` (empty: none wanted, the base is frozen).
+  /// params empty: the weight is in no resident buffer (a base trained under ZeRO-3: its
+  /// engine gathers the weight's unit), and the trainer points the op at the gathered unit for
+  /// each use (use_unit).
   frozen_projection(std::span<P> params, std::span<T> grads, std::size_t offset, index_t rows, index_t cols)
-      : kind_(lora_base::fp32), rows_(rows), cols_(cols), params_(params), grads_(grads), slot_{offset, {rows, cols}} {
-    LOOM_CHECK(offset + static_cast<std::size_t>(rows * cols) <= params.size(), "llama3d::frozen_projection: [", rows, ", ",
-               cols, "] at ", offset, " is past the model's ", params.size(), " parameters");
+      : kind_(lora_base::fp32), rows_(rows), cols_(cols), params_(params), grads_(grads), slot_{offset, {rows, cols}},
+        wslot_(slot_) {
+    const std::size_t end = offset + static_cast<std::size_t>(rows * cols);
+    LOOM_CHECK(params.empty() || end <= params.size(), "llama3d::frozen_projection: [", rows, ", ", cols, "] at ", offset,
+               " is past the model's ", params.size(), " parameters");
+    LOOM_CHECK(grads.empty() || end <= grads.size(), "llama3d::frozen_projection: [", rows, ", ", cols, "] at ", offset,
+               " is past the model's ", grads.size(), " gradients");
+  }
+  /// A resident fp32 weight read from a gathered unit: its parameters `unit`, which start at
+  /// `unit_begin` of the model's layout (the weight must lie inside it); empty: none (between
+  /// the uses of the unit).
+  void use_unit(std::span<P> unit, std::size_t unit_begin) {
+    LOOM_CHECK(kind_ == lora_base::fp32, "llama3d::frozen_projection: use_unit is for an fp32 base, this one is ",
+               to_string(kind_));
+    if (unit.empty()) {
+      params_ = {};
+      return;
+    }
+    LOOM_CHECK(slot_.offset >= unit_begin && slot_.offset - unit_begin + static_cast<std::size_t>(rows_ * cols_) <= unit.size(),
+               "llama3d::frozen_projection: the [", rows_, ", ", cols_, "] weight at ", slot_.offset,
+               " is not inside the unit at ", unit_begin, " of ", unit.size(), " elements");
+    params_ = unit;
+    wslot_.offset = slot_.offset - unit_begin;
   }
   /// The packed bytes of a quantised [rows, cols] (quant::nf4_view / bf16_view: what one
   /// all-gather moves when the base is partitioned).
@@ -330,7 +353,8 @@ class frozen_projection final : public loom::nn::frozen_op<T> {
   void forward(loom::tensor_view<const T, loom::host, 2> x, loom::tensor_view<T, loom::host, 2> y,
                loom::nn::workspace<T>& ws) const override {
     if (kind_ == lora_base::fp32) {
-      loom::ops::gemm(loom::host{}, x, loom::nn::weights_as<T>(slot_, params_, ws).transpose(0, 1), y);
+      check_resident();
+      loom::ops::gemm(loom::host{}, x, loom::nn::weights_as<T>(wslot_, params_, ws).transpose(0, 1), y);
     } else if constexpr (std::is_same_v<T, float>) {
       visit_weight([&](const auto& w) { loom::quant::dequant_gemm_forward(loom::host{}, x, w, y, 0.f); });
     } else {
@@ -342,7 +366,7 @@ class frozen_projection final : public loom::nn::frozen_op<T> {
                 loom::tensor_view<T, loom::host, 2> dx, bool accumulate, loom::nn::workspace<T>& ws) const override {
     const T beta = accumulate ? T(1) : T(0);
     if (kind_ == lora_base::fp32) {
-      if (!dx.empty()) loom::ops::gemm(loom::host{}, dy, loom::nn::weights_as<T>(slot_, params_, ws), dx, T(1), beta);
+      if (!dx.empty()) check_resident(), loom::ops::gemm(loom::host{}, dy, loom::nn::weights_as<T>(wslot_, params_, ws), dx, T(1), beta);
       if (!grads_.empty()) loom::ops::gemm(loom::host{}, dy.transpose(0, 1), x, slot_.in(grads_), T(1), T(1));
     } else if constexpr (std::is_same_v<T, float>) {
       if (!dx.empty())
@@ -364,6 +388,10 @@ class frozen_projection final : public loom::nn::frozen_op<T> {
     if (const auto* n = std::get_if<loom::quant::nf4_view>(&w_)) f(*n);
     else f(std::get<loom::quant::bf16_view>(w_));
   }
+  void check_resident() const {
+    LOOM_CHECK(!params_.empty(), "llama3d::frozen_projection: the [", rows_, ", ", cols_, "] fp32 weight at ", slot_.offset,
+               " is partitioned over dp and not gathered now (a pass outside its unit's acquire)");
+  }
   std::span<P> params() const { return st_->layout->unit(st_->params, unit_); }
   loom::lora::dropout mask_of() const {
     if (!st_->training || st_->dropout == 0.0) return {};
@@ -376,9 +404,10 @@ class frozen_projection final : public loom::nn::frozen_op<T> {
   index_t rows_ = 0, cols_ = 0;
   loom::buffer<std::uint8_t> own_;  // the packed weight, when held here
   std::variant<std::monostate, loom::quant::nf4_view, loom::quant::bf16_view> w_;  // what the GEMMs read
-  std::span<P> params_;  // resident: the model's parameters and gradients
+  std::span<P> params_;  // resident: the model's parameters (or the gathered unit) and gradients
   std::span<T> grads_;
-  loom::nn::param_slot<2> slot_{};
+  loom::nn::param_slot<2> slot_{};   // the weight in the model's flat layout: grads_
+  loom::nn::param_slot<2> wslot_{};  // the weight in params_ (slot_, or its place in the gathered unit)
   const loom::lora::adapter<T>* ad_ = nullptr;
   std::size_t unit_ = 0;
   const adapter_state* st_ = nullptr;

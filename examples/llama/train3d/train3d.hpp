@@ -59,10 +59,13 @@
 // gradient norm (clipping sees what trains).
 // Under LoRA, a chunk whose schedule never trains a base tensor keeps its base out of any
 // engine (the LoRA-only memory). One whose schedule does gets a second engine over its base
-// (chunk_state::base, ZeRO 0-2): the model reads the base from that engine's resident buffer
-// and writes the base's gradient into its accumulation buffer, both engines reduce, count in
-// the norm and apply. ZeRO-3 is refused there: the frozen ops read the base in place, and a
-// ZeRO-3 base is gathered unit by unit with no resident copy.
+// (chunk_state::base): the model reads the base from that engine's resident buffer and writes
+// the base's gradient into its accumulation buffer, both engines reduce, count in the norm and
+// apply. Under ZeRO-3 that engine keeps no resident copy: the model reads each unit through
+// trained_base_source, which gathers it as engine_source does and points the unit's frozen
+// ops (the adapted projections) at the gathered unit for the use (frozen_projection::use_unit).
+// lora_merged needs the resident copy there (ZeRO 0-2). init_from_hf reads such a base into
+// the base engine's master (read_frozen_base), which every step's refresh starts from.
 // A quantised base (train_options::lora_base bf16 / nf4, QLoRA): the blocks' projections are
 // not in the model's flat buffer at all; each rank quantises its own shards once (from the
 // initialised or HF values) into a frozen_projection behind the layer, which computes
@@ -254,6 +257,22 @@ class trainer {
       }
     }
   };
+  // LoRA whose schedule trains the fp32 base under ZeRO-3: each unit from the base engine
+  // (gathered, as engine_source), the unit's frozen ops pointed at it for the use.
+  struct trained_base_source final : param_source<P> {
+    chunk_state* ck = nullptr;
+    std::span<P> acquire(std::size_t unit) override {
+      ck->base->acquire_layer(unit);
+      const std::span<P> p = ck->base->parameter(unit);
+      for (const std::size_t k : ck->unit_projections[unit])
+        ck->projections[k]->use_unit(p, ck->model->layout().unit_begin(unit));
+      return p;
+    }
+    void release(std::size_t unit) override {
+      for (const std::size_t k : ck->unit_projections[unit]) ck->projections[k]->use_unit({}, 0);
+      ck->base->release_layer(unit);
+    }
+  };
   // One model chunk of this rank (virtual stage chunk * pp + stage) with its ZeRO engine.
   struct chunk_state {
     std::unique_ptr<stage_model<P, T, C>> model;
@@ -278,9 +297,14 @@ class trainer {
     base_source qsource;
     std::vector<std::ptrdiff_t> unit_block;
     std::vector<std::vector<std::size_t>> block_projections;
-    // LoRA whose schedule unfreezes base tensors: the base in an engine of its own too
+    // LoRA whose schedule unfreezes base tensors: the base in an engine of its own too; under
+    // ZeRO-3 the model reads it through bsource, each unit's frozen ops (unit_projections)
+    // pointed at the gathered unit
     std::unique_ptr<engine_t> base;
     std::vector<counted_range> base_counted;
+    std::vector<loom::sched::trace_step> base_train_trace;
+    trained_base_source bsource;
+    std::vector<std::vector<std::size_t>> unit_projections;
     // (engine, its canonical ranges) of each engine of the chunk
     std::vector<std::pair<engine_t*, const std::vector<counted_range>*>> engines() {
       std::vector<std::pair<engine_t*, const std::vector<counted_range>*>> e{{zero.get(), &counted}};
@@ -359,6 +383,7 @@ class trainer {
       auto& ck = *chunks_[c];
       const auto forward = trace_of(eval_exec_->plan_schedule(), static_cast<int>(c), *ck.model, true);
       ck.zero->set_gather_trace(ck.lora ? lora_trace(*ck.lora, false) : forward);
+      if (ck.base) ck.base->set_gather_trace(forward);
       if (ck.qbase) ck.qbase->set_trace(block_trace(ck, forward));
     }
     lora_merge();
@@ -366,6 +391,7 @@ class trainer {
     eval_exec_->run(run);
     for (auto& ck : chunks_) {
       ck->zero->set_gather_trace(ck->train_trace);
+      if (ck->base) ck->base->set_gather_trace(ck->base_train_trace);
       if (ck->qbase) ck->qbase->set_trace(ck->base_trace);
     }
     return global_loss(run.loss);
@@ -406,6 +432,13 @@ class trainer {
   }
   /// The ZeRO engine of model chunk c (its layout has one entry per unit of the chunk).
   engine_t& engine(int c = 0) noexcept { return *chunks_[static_cast<std::size_t>(c)]->zero; }
+  /// LoRA whose schedule trains base tensors of chunk c: the engine over that chunk's base
+  /// (the model's layout, as engine() without LoRA); null otherwise.
+  engine_t* base_engine(int c = 0) noexcept { return chunks_[static_cast<std::size_t>(c)]->base.get(); }
+  /// Whether any chunk of this rank has a base engine.
+  bool has_base_engine() const noexcept {
+    return std::ranges::any_of(chunks_, [](const auto& ck) { return ck->base != nullptr; });
+  }
 
   /// One optimizer step over dp * m micro-batches from `data`.
   step_stats step(const batch_fn& data) {
@@ -554,9 +587,17 @@ class trainer {
   std::size_t frozen_base_bytes() const noexcept { return base_mr_.current_bytes(); }
 
   /// LoRA: this rank's base parameters as frozen (the model's buffer with each adapted weight
-  /// back at W0) of model chunk c.
-  std::vector<P> base_params(int c = 0) const {
-    const chunk_state& ck = *chunks_[static_cast<std::size_t>(c)];
+  /// back at W0) of model chunk c. A base trained under ZeRO-3 is in no resident buffer: its
+  /// engine's fp32 master, gathered (the parameters are its cast), so the call is collective
+  /// over dp there.
+  std::vector<P> base_params(int c = 0) {
+    chunk_state& ck = *chunks_[static_cast<std::size_t>(c)];
+    if (ck.base && ck.model->params().empty()) {
+      const std::vector<float> master = ck.base->gather_master();
+      std::vector<P> out(ck.model->size(), P(0.f));
+      for (std::size_t i = 0; i < std::min(out.size(), master.size()); ++i) out[i] = static_cast<P>(master[i]);
+      return out;
+    }
     std::vector<P> out(ck.model->params().begin(), ck.model->params().end());
     if (ck.lora && !ck.unmerged())
       for (const auto& it : ck.lora->items())
@@ -609,11 +650,17 @@ class trainer {
     for (const auto& sh : m.shards())
       if (trained.empty() && opt_.grouped() && !opt_.groups.phases.empty() && ever_trains(group_of(sh.name))) trained = sh.name;
     if (!trained.empty()) {
-      LOOM_CHECK(opt_.zero_stage <= 2, "llama3d: with LoRA, progressive_unfreezing trains base tensor '", trained, "' (group \"",
-                 opt_.groups.groups[group_of(trained)].name, "\"), which needs ZeRO stage <= 2 (the frozen ops read the "
-                 "base's resident parameters, which ZeRO-3 does not keep), got zero_stage=", opt_.zero_stage);
-      ck->base = make_base_engine(m, eo, param_mr, trace_of(sched_, static_cast<int>(chunks_.size()), m, false));
+      LOOM_CHECK(opt_.zero_stage <= 2 || !opt_.lora_merged, "llama3d: lora_merged with progressive_unfreezing training base "
+                 "tensor '", trained, "' (group \"", opt_.groups.groups[group_of(trained)].name, "\") needs ZeRO stage <= 2 "
+                 "(the merged path keeps the base's weights resident), got zero_stage=", opt_.zero_stage,
+                 "; the unmerged default runs under ZeRO-3");
+      ck->base_train_trace = trace_of(sched_, static_cast<int>(chunks_.size()), m, false);
+      ck->base = make_base_engine(m, eo, param_mr, ck->base_train_trace);
       use_groups(*ck->base, ck->base_counted, m.shards());
+      if (opt_.zero_stage == 3) {
+        ck->bsource.ck = ck.get();
+        m.set_param_source(&ck->bsource);
+      }
     }
     const bool quantised = opt_.lora_base != lora_base::fp32;
     if (quantised) check_quantised_base(cfg, trained);
@@ -737,10 +784,18 @@ class trainer {
   void unmerge_base(chunk_state& ck) {
     auto& m = *ck.model;
     const std::span<T> grads = ck.base ? std::span<T>(m.grads()) : std::span<T>{};
+    // ZeRO-3 with a base engine: no resident parameters; each op reads its gathered unit
+    const bool gathered = ck.base && m.params().empty();
+    if (gathered) ck.unit_projections.assign(m.units(), {});
     m.for_each_frozen_linear([&](std::size_t offset, loom::nn::linear<T>& l) {
       for (const auto& it : ck.lora->items()) {
         const auto cols = static_cast<std::size_t>(it.cols);
         if (offset < it.base_offset || offset >= it.base_offset + static_cast<std::size_t>(it.rows) * cols) continue;
+        if (gathered) {
+          std::size_t u = 0;
+          while (m.layout().unit_end(u) <= offset) ++u;
+          ck.unit_projections[u].push_back(ck.projections.size());
+        }
         ck.projections.push_back(std::make_unique<frozen_projection<P, T>>(std::span<P>(m.params()), grads, offset,
                                                                            l.out_features(), l.in_features()));
         ck.projections.back()->attach(&it.ad, it.unit, &ck.live_state, it.name,

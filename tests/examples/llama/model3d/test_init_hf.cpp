@@ -201,6 +201,55 @@ TEST_CASE("an HF LLaMA folder read on (2,2,1) ZeRO-3 and exported back is the sa
   CHECK(std::system(cmd.c_str()) == 0);
 }
 
+TEST_CASE("init_from_hf into a LoRA run whose schedule unfreezes the base: the base engine holds the file's tensors, a frozen step keeps them (ZeRO-0, ZeRO-3)") {
+  // The base of such a run is in an engine of its own, which refreshes the parameters from its
+  // fp32 master after every step: the folder must reach that master, not the parameters alone.
+  const auto& r = reference::get();
+  const llama::config cfg = llama::config_from_hf(r.path("llama"));
+  const auto want = loom::io::read_safetensors(r.path("llama_meta_half.safetensors"));  // Meta's names, HF's rows
+  for (const auto& [mesh, zero] : {std::pair{loom::comm::mesh_shape{1, 1, 1}, 0}, std::pair{loom::comm::mesh_shape{2, 1, 1}, 3}}) {
+    CAPTURE(mesh.dp);
+    CAPTURE(zero);
+    auto o = options(mesh, zero, "1f1b", 4 / mesh.dp);
+    o.lora.emplace();
+    o.lora->r = 2, o.lora->lora_alpha = 4;
+    o.lora->target_modules = {"q_proj", "v_proj"};
+    o.groups.groups.push_back({"lora", {"*.lora_?.weight"}, {}, {}, {}, {}});
+    o.groups.phases = {{0.5, {"lora"}}, {1.0, {"lora", "base"}}};
+    o.total_steps = 2;
+    std::vector<std::size_t> differ;  // per base snapshot: elements unlike the file's
+    train3d_suite::run_ranks(mesh.size(), [&](any_comm& world) {
+      llama3d::trainer<float, float, any_comm> t(world, cfg, o, loom::default_resource<loom::host>());
+      REQUIRE(t.base_engine() != nullptr);
+      llama3d::init_from_hf(t, r.path("llama"));
+      std::vector<std::size_t> d;
+      const auto count = [&] {
+        const std::vector<float> base = t.base_params();  // collective over dp under ZeRO-3
+        std::size_t bad = 0;
+        for (const auto& sh : t.model().shards()) {  // tp = pp = 1: whole tensors
+          const auto& w = want.at(sh.name).data;
+          REQUIRE(w.size() == static_cast<std::size_t>(sh.rows * sh.cols));
+          for (std::size_t i = 0; i < w.size(); ++i) bad += base[sh.local_offset + i] != w[i];
+        }
+        d.push_back(bad);
+      };
+      const auto step = [&] {
+        t.step([&](std::int64_t s, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) { batch_of(cfg, o, s, g, tok, tgt); });
+      };
+      count();  // read in
+      step();   // adapters only: the base frozen
+      count();
+      step();   // the base trains
+      count();
+      if (world.rank() == 0) differ = d;
+    });
+    REQUIRE(differ.size() == 3);
+    CHECK(differ[0] == 0);
+    CHECK(differ[1] == 0);
+    CHECK(differ[2] > 0);
+  }
+}
+
 TEST_CASE("init_from_hf: each rank reads only the bytes of the slices it owns") {
   const auto& r = reference::get();
   for (const char* folder : {"glm", "glm_bf16", "llama"}) {

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -266,13 +267,15 @@ TEST_CASE("parameter groups: bad input is a loom::error naming it") {
   o.groups.groups[0].lr.reset();
   o.total_steps = 0;
   CHECK(error().find("progressive_unfreezing needs total_steps >= 1") != std::string::npos);
-  // LoRA with a phase that trains the base: the frozen ops read the base's resident
-  // parameters, which ZeRO-3 does not keep
+  // LoRA merged with a phase that trains the base under ZeRO-3: the merged path keeps the
+  // base's weights resident (the unmerged default reads them gathered)
   o.total_steps = 4;
   o.lora.emplace();
   o.lora->r = 2;
+  o.lora_merged = true;
   o.zero_stage = 3;
-  CHECK(error().find("(group \"base\"), which needs ZeRO stage <= 2") != std::string::npos);
+  CHECK(error().find("lora_merged with progressive_unfreezing training base tensor") != std::string::npos);
+  CHECK(error().find("needs ZeRO stage <= 2") != std::string::npos);
 }
 
 TEST_CASE("parameter groups under LoRA: the adapters of the top layer first, then all, on (2,1,1) ZeRO-3") {
@@ -349,6 +352,7 @@ TEST_CASE("progressive unfreezing: a run resumed mid-phase from a sharded checkp
 namespace {
 struct hybrid_run {
   std::vector<double> losses;
+  double eval = 0;  // evaluate() after the last step
   std::vector<std::vector<double>> bases;  // the base after each step (base_params, tp = pp = 1)
   std::vector<float> adapters;
   std::vector<loom::nn::param_info> tensors;
@@ -356,9 +360,10 @@ struct hybrid_run {
 
 // The seed's recipe under LoRA on the tiny model: the adapters, then the top layer's base
 // tensors too, then everything (groups: empty = a LoRA-only run).
-hybrid_run hybrid_train(loom::comm::mesh_shape mesh, int zero, bool grouped, bool merged = false) {
+hybrid_run hybrid_train(loom::comm::mesh_shape mesh, int zero, bool grouped, bool merged = false, bool checkpointing = false) {
   const auto cfg = train3d_suite::tiny(false);
   auto o = train3d_suite::options(mesh, zero, "1f1b", 4 / mesh.dp);
+  o.checkpointing = checkpointing;
   o.lora.emplace();
   o.lora_merged = merged;
   o.lora->r = 2, o.lora->lora_alpha = 4;
@@ -381,31 +386,54 @@ hybrid_run hybrid_train(loom::comm::mesh_shape mesh, int zero, bool grouped, boo
       r.bases.push_back(t.base_params());
     }
     r.adapters = t.consolidated_lora();
+    r.eval = t.evaluate([&](std::int64_t step, int gm, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+      llama3d::counting_batch(7, step, gm, o.micro_batch_size, o.seq, cfg.vocab, tok, tgt);
+    }, 99);
     for (const auto& e : t.model().layout().entries()) r.tensors.push_back(e);
     if (world.rank() == 0) out = r;
   });
   return out;
 }
-}  // namespace
 
-TEST_CASE("progressive unfreezing under LoRA: adapters, then the top layer's base, then all, on (1,1,1) and (2,1,1) ZeRO-2") {
-  const auto one = hybrid_train({1, 1, 1}, 0, true);
+// Each base tensor of `r` changed at a step exactly when the seed's recipe trains its group.
+void check_hybrid_schedule(const hybrid_run& r) {
   loom::optim::param_groups g;
   g.groups.push_back({"lora", {"*.lora_?.weight"}, {}, {}, {}, {}});
   g.groups.push_back({"top", {}, -1, {}, {}, {}});
   g.phases = {{0.3, {"lora"}}, {0.7, {"lora", "top"}}, {1.0, {"lora", "top", "base"}}};
   loom::optim::check(g);
+  REQUIRE(r.bases.size() == 11);
   for (int s = 0; s < 10; ++s) {
     const auto on = loom::optim::trainable_at(g, s, 10);
-    const auto& a = one.bases[static_cast<std::size_t>(s)];
-    const auto& b = one.bases[static_cast<std::size_t>(s) + 1];
-    for (const auto& e : one.tensors) {
+    const auto& a = r.bases[static_cast<std::size_t>(s)];
+    const auto& b = r.bases[static_cast<std::size_t>(s) + 1];
+    for (const auto& e : r.tensors) {
       const auto k = loom::optim::group_of(g, e.name, 2);
       INFO("step ", s, " base tensor ", e.name, " group ", g.groups[k].name);
       const bool changed = std::memcmp(a.data() + e.offset, b.data() + e.offset, e.numel * sizeof(double)) != 0;
       CHECK(changed == on[k]);
     }
   }
+}
+// Losses, evaluation, the last base (tp = pp = 1 layouts) and the adapters within 1e-5.
+void check_same_run(const hybrid_run& got, const hybrid_run& want) {
+  REQUIRE(got.losses.size() == want.losses.size());
+  for (std::size_t i = 0; i < want.losses.size(); ++i) CHECK(std::abs(got.losses[i] - want.losses[i]) < 1e-5 * want.losses[i]);
+  CHECK(std::abs(got.eval - want.eval) < 1e-5 * want.eval);
+  std::map<std::string, std::size_t> at;  // the tensors' offsets in got's layout (padded to its dp)
+  for (const auto& e : got.tensors) at[e.name] = e.offset;
+  double w = 0;
+  for (const auto& e : want.tensors)
+    for (std::size_t i = 0; i < e.numel; ++i)
+      w = std::max(w, std::abs(got.bases.back()[at.at(e.name) + i] - want.bases.back()[e.offset + i]));
+  for (std::size_t i = 0; i < want.adapters.size(); ++i) w = std::max(w, double(std::abs(got.adapters[i] - want.adapters[i])));
+  CHECK(w < 1e-5);
+}
+}  // namespace
+
+TEST_CASE("progressive unfreezing under LoRA: adapters, then the top layer's base, then all, on (1,1,1), (2,1,1) ZeRO-2 and ZeRO-3") {
+  const auto one = hybrid_train({1, 1, 1}, 0, true);
+  check_hybrid_schedule(one);
   // while the base is frozen the run is the LoRA-only run (its base in fp32 master here, in
   // the model's double buffer there)
   const auto lora_only = hybrid_train({1, 1, 1}, 0, false);
@@ -420,10 +448,14 @@ TEST_CASE("progressive unfreezing under LoRA: adapters, then the top layer's bas
   for (std::size_t i = 0; i < one.adapters.size(); ++i) wm = std::max(wm, double(std::abs(merged.adapters[i] - one.adapters[i])));
   CHECK(wm < 1e-5);
   // the mesh: dp 2 under ZeRO-2 (both engines partitioned)
-  const auto dp2 = hybrid_train({2, 1, 1}, 2, true);
-  for (std::size_t i = 0; i < 10; ++i) CHECK(std::abs(dp2.losses[i] - one.losses[i]) < 1e-5 * one.losses[i]);
-  double w = 0;
-  for (std::size_t i = 0; i < one.bases.back().size(); ++i) w = std::max(w, std::abs(dp2.bases.back()[i] - one.bases.back()[i]));
-  for (std::size_t i = 0; i < one.adapters.size(); ++i) w = std::max(w, double(std::abs(dp2.adapters[i] - one.adapters[i])));
-  CHECK(w < 1e-5);
+  check_same_run(hybrid_train({2, 1, 1}, 2, true), one);
+  // ZeRO-3: the base engine partitions the base too; the frozen ops read each unit gathered
+  // (with activation checkpointing: the recompute gathers again), the engine's fp32 master is
+  // the base (base_params gathers it)
+  for (const bool ckpt : {false, true}) {
+    CAPTURE(ckpt);
+    const auto z3 = hybrid_train({2, 1, 1}, 3, true, false, ckpt);
+    check_hybrid_schedule(z3);
+    check_same_run(z3, one);
+  }
 }

@@ -177,20 +177,21 @@ add_test(NAME llama_train_cli_unfreeze_lora COMMAND llama-train --dp 2 --zero 2 
 set_tests_properties(llama_train_cli_unfreeze_lora PROPERTIES PASS_REGULAR_EXPRESSION
                      "step 1/4: training groups lora_top. frozen lora base\n.*step 3/4: training groups lora_top lora. frozen base\n.*step 4/4 \\| loss"
                      ENVIRONMENT OPENBLAS_NUM_THREADS=1 TIMEOUT 60)
-# the seed's recipe: LoRA, then the top layer's base, then everything (ZeRO 0-2); with LoRA
-# dropout; the fp32 base runs unmerged and its unfrozen weights take their gradient from the frozen ops
-add_test(NAME llama_train_cli_unfreeze_lora_base COMMAND llama-train --dp 2 --zero 1 --lora-r 4 --lora-dropout 0.1 --group "lora=*lora_*"
+# the seed's recipe: LoRA, then the top layer's base, then everything, under the seed's ZeRO-3
+# (the base partitioned, each unit gathered for the frozen ops); with LoRA dropout; the fp32
+# base runs unmerged and its unfrozen weights take their gradient from the frozen ops
+add_test(NAME llama_train_cli_unfreeze_lora_base COMMAND llama-train --dp 2 --zero 3 --lora-r 4 --lora-dropout 0.1 --group "lora=*lora_*"
          --group top=@-1: --unfreeze "0.3:lora,0.7:lora+top,1:lora+top+base" --group-lr lora=3e-3 --group-lr base=1e-4
          ${_small} --steps 10)
 set_tests_properties(llama_train_cli_unfreeze_lora_base PROPERTIES PASS_REGULAR_EXPRESSION
                      "step 1/10: training groups lora. frozen top base\n.*step 4/10: training groups lora top. frozen base\n.*step 8/10: training groups lora top base\n.*step 10/10 \\| loss"
                      ENVIRONMENT OPENBLAS_NUM_THREADS=1 TIMEOUT 60)
-set(_unfreeze_bad_lora "--zero;3;--lora-r;4;--group;lora=*lora_*;--unfreeze;0.5:lora,1:lora+base")
+set(_unfreeze_bad_lora "--zero;3;--lora-r;4;--lora-merged;--group;lora=*lora_*;--unfreeze;0.5:lora,1:lora+base")
 set(_unfreeze_bad_frozen_lr "--group;top=@-1:;--unfreeze;1:base;--group-lr;top=0.001")
 set(_unfreeze_bad_unknown "--group-lr;nosuch=0.001")
 set(_unfreeze_bad_phase "--unfreeze;0.3lora")
 set(_unfreeze_bad_both "--config;${CMAKE_CURRENT_SOURCE_DIR}/unfreeze_30_40_30.json;--unfreeze;1:base")
-set(_unfreeze_expect_lora "\\(group \"base\"\\), which needs ZeRO stage <= 2")
+set(_unfreeze_expect_lora "lora_merged with progressive_unfreezing training base tensor .*\\(group \"base\"\\) needs ZeRO stage <= 2")
 set(_unfreeze_expect_frozen_lr "group \"top\" is frozen in every phase but is given lr=0.001")
 set(_unfreeze_expect_unknown "--group-lr names group \"nosuch\", which no --group or param_groups defines")
 set(_unfreeze_expect_phase "--unfreeze phase '0.3lora' is not UNTIL:GROUP")
