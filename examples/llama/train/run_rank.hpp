@@ -203,7 +203,8 @@ train_result run_rank(C& comm, const options& o, const loom::io::ds_config& c, s
 
   train_result res;
   res.parameter_count = static_cast<std::int64_t>(llama3d::full_layout(o.model).parameter_count());
-  if (!o.init_from.empty() && o.resume.empty()) {  // a resumed run continues its checkpoint instead
+  // a resumed run continues its checkpoint instead; a LoRA run's checkpoint holds no frozen base
+  if (!o.init_from.empty() && (o.resume.empty() || o.lora)) {
     llama3d::init_from_hf(t, o.init_from);
     if (log) *log << "initialised from the Hugging Face folder " << o.init_from << "\n";
   }

@@ -144,7 +144,6 @@ foreach(_bad "r;--lora-r;0;--lora-r must be >= 1, got 0"
              "target;--lora-targets;q_proj,qproj;unknown target module 'qproj'"
              "chatglm_target;--lora-targets;query_key_value;target module 'query_key_value' is not a layer of this llama model"
              "dropout;--lora-dropout;1.5;lora_dropout must be in \\[0, 1\\), got lora_dropout=1.5"
-             "save;--save;${CMAKE_CURRENT_BINARY_DIR}/cli_lora_save;--save / --resume with LoRA"
              "base;--lora-base;int4;--lora-base must be fp32, bf16 or nf4, got 'int4'")
   list(GET _bad 0 _name)
   list(GET _bad 1 _flag)
@@ -153,6 +152,21 @@ foreach(_bad "r;--lora-r;0;--lora-r must be >= 1, got 0"
   add_test(NAME llama_train_cli_lora_bad_${_name} COMMAND llama-train --lora-r 4 ${_small} ${_flag} ${_value})
   set_tests_properties(llama_train_cli_lora_bad_${_name} PROPERTIES PASS_REGULAR_EXPRESSION "${_expect}" TIMEOUT 30)
 endforeach()
+# a LoRA run's sharded checkpoint (the adapters' engine state): saved on (2,1,1) ZeRO-3 after 2
+# steps, resumed on (1,1,1) ZeRO-1 for 2 more; --export-hf of it refused (it holds no model)
+set(_lora_ckpt ${CMAKE_CURRENT_BINARY_DIR}/cli_lora_checkpoint)
+add_test(NAME llama_train_cli_lora_save COMMAND llama-train --dp 2 --zero 3 --lora-r 4 --lora-dropout 0.1 --save ${_lora_ckpt} ${_small})
+add_test(NAME llama_train_cli_lora_resume COMMAND llama-train --zero 1 --lora-r 4 --lora-dropout 0.1 --resume ${_lora_ckpt}
+         --dim 32 --n-layers 2 --seq 16 --batch 2 --micro-batches 4 --steps 4 --data counting)
+set_tests_properties(llama_train_cli_lora_save PROPERTIES PASS_REGULAR_EXPRESSION "saved checkpoint [^\n]*cli_lora_checkpoint/step-2"
+                     FIXTURES_SETUP train3d_lora_ckpt ENVIRONMENT OPENBLAS_NUM_THREADS=1 TIMEOUT 60)
+set_tests_properties(llama_train_cli_lora_resume PROPERTIES PASS_REGULAR_EXPRESSION
+                     "resumed from [^\n]*step-2 at step 2.*step 4/4 \\| loss" FIXTURES_REQUIRED train3d_lora_ckpt
+                     ENVIRONMENT OPENBLAS_NUM_THREADS=1 TIMEOUT 60)
+add_test(NAME llama_train_cli_lora_bad_export_hf COMMAND llama-train --lora-r 4 ${_small} --save ${_lora_ckpt}-no
+         --export-hf ${_lora_ckpt}-no-hf)
+set_tests_properties(llama_train_cli_lora_bad_export_hf PROPERTIES PASS_REGULAR_EXPRESSION
+                     "--export-hf [^\n]* with LoRA \\(--lora-r\\): a LoRA run's checkpoint holds its adapters" TIMEOUT 30)
 # --lora-merged: the adapters merged into an fp32 base each step (the unmerged run's oracle in
 # test_train3d_lora / _qlora); with dropout or a quantised base it is refused, naming both
 add_test(NAME llama_train_cli_lora_merged COMMAND llama-train --dp 2 --zero 2 --lora-r 4 --lora-merged ${_small})
