@@ -11,6 +11,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
 
 using loom::test::error_of;
 
@@ -232,6 +237,40 @@ TEST_CASE("export_folder: HF-style shards cut at a size, an index naming every t
   CHECK(loom::io::read_safetensors(out + "/model.safetensors").at("C").data[4] == value(0, "C", 4));  // 202: exact in bf16
   o.dtype = "F64";
   CHECK(error_of([&] { loom::checkpoint::export_folder(root, out, o); }).find("dtype='F64'") != std::string::npos);
+  // the same tensors from memory (checkpoint::memory_source) give the same file, byte for byte
+  {
+    o.dtype = "F32";
+    fs::remove_all(out);
+    REQUIRE(loom::checkpoint::export_folder(root, out, o) == 1);
+    const loom::checkpoint::reader ck(root);
+    std::map<std::string, std::vector<float>> held;
+    loom::checkpoint::memory_source src;
+    for (const auto& [name, shape] : ck.shapes()) {
+      auto& v = held[name];
+      v.resize(ck.numel(name));
+      ck.read(0, name, 0, std::span<float>(v));
+      src.add(name, shape, std::span<const float>(v));
+    }
+    const std::string mem_out = out + "-memory";
+    fs::remove_all(mem_out);
+    REQUIRE(loom::checkpoint::export_folder(src, mem_out, o) == 1);
+    const auto bytes = [](const std::string& f) {
+      std::ifstream in(f, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    CHECK(bytes(out + "/model.safetensors") == bytes(mem_out + "/model.safetensors"));
+    CHECK(bytes(out + "/model.safetensors").size() > 0);
+    // bad input: a value count unlike the shape, a tensor twice, a moment asked for
+    std::vector<float> three(3);
+    CHECK(error_of([&] { src.add("x", {2, 2}, std::span<const float>(three)); }).find("'x' has 4 elements by its shape, 3 values") !=
+          std::string::npos);
+    const auto& first = *ck.shapes().begin();
+    CHECK(error_of([&] { src.add(first.first, first.second, std::span<const float>(held[first.first])); }).find("added twice") !=
+          std::string::npos);
+    std::vector<float> one(1);
+    CHECK(error_of([&] { src.read(1, first.first, 0, std::span<float>(one)); }).find("state kind 1") != std::string::npos);
+    fs::remove_all(mem_out);
+  }
   fs::remove_all(root);
   fs::remove_all(out);
 }

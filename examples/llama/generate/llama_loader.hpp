@@ -396,8 +396,12 @@ inline slice_source slice_from(const checkpoint_reader& r) {
 /// (Meta's, llama2.c's) gets its q and k rows permuted so that HF computes the same attention
 /// (what HF's own converter does). chatglm: the fused tensors are ChatGLM's as they are.
 /// load_hf_safetensors reads the folder back.
-inline int export_hf(const std::string& ckpt, const std::string& out_dir, const config& c,
-                     std::uint64_t max_shard_bytes = std::uint64_t{5} << 30, const std::string& dtype = "F32") {
+/// The same from any source of whole weights under the model's names (a checkpoint `reader`,
+/// or a loom::checkpoint::memory_source: a LoRA run's merged model, llama3d::export_merged_hf).
+template <class Source>
+  requires(!std::convertible_to<const Source&, std::string>)
+int export_hf(const Source& ckpt, const std::string& out_dir, const config& c,
+              std::uint64_t max_shard_bytes = std::uint64_t{5} << 30, const std::string& dtype = "F32") {
   c.validate();
   loom::checkpoint::folder_options o;
   o.max_shard_bytes = max_shard_bytes;
@@ -424,6 +428,12 @@ inline int export_hf(const std::string& ckpt, const std::string& out_dir, const 
     };
   o.config_json = detail::hf_config_json(c, dtype).dump(2) + "\n";
   return loom::checkpoint::export_folder(ckpt, out_dir, o);
+}
+
+inline int export_hf(const std::string& ckpt, const std::string& out_dir, const config& c,
+                     std::uint64_t max_shard_bytes = std::uint64_t{5} << 30, const std::string& dtype = "F32") {
+  const loom::checkpoint::reader r(ckpt);
+  return export_hf(r, out_dir, c, max_shard_bytes, dtype);
 }
 
 }  // namespace llama

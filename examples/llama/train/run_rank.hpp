@@ -270,7 +270,13 @@ train_result run_rank(C& comm, const options& o, const loom::io::ds_config& c, s
     *log << buf << std::endl;
   }
   if (!o.save.empty()) save();
-  if (!o.export_hf.empty() && rank == 0) {  // streamed from the checkpoint just written, one tensor at a time
+  if (!o.export_hf.empty() && o.lora) {  // collective: the base with the adapters merged, written by rank 0
+    const int files = llama3d::export_merged_hf(t, o.export_hf);
+    if (rank == 0) copy_tokenizer(o, o.export_hf);
+    if (log)
+      *log << "exported the model with its LoRA adapters merged as the HF folder " << o.export_hf << " (" << files
+           << " safetensors file" << (files == 1 ? "" : "s") << ")" << std::endl;
+  } else if (!o.export_hf.empty() && rank == 0) {  // streamed from the checkpoint just written, one tensor at a time
     const int files = llama::export_hf(res.checkpoint, o.export_hf, o.model);
     copy_tokenizer(o, o.export_hf);
     if (log)

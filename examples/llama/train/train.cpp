@@ -200,10 +200,8 @@ train_result run(const options& given, std::ostream* log) {
   LOOM_CHECK(!o.data.empty(), "llama-train: no --data given");
   LOOM_CHECK(o.eval_every == 0 || !o.eval_data.empty() || (o.data.size() == 1 && o.data[0] == "counting"), "llama-train: --eval-every ",
              o.eval_every, " needs --eval-data (held-out files) unless --data is counting");
-  LOOM_CHECK(o.export_hf.empty() || !o.save.empty(), "llama-train: --export-hf ", o.export_hf,
+  LOOM_CHECK(o.export_hf.empty() || !o.save.empty() || o.lora, "llama-train: --export-hf ", o.export_hf,
              " needs --save DIR (it exports the checkpoint the run saves last)");
-  LOOM_CHECK(!o.lora || o.export_hf.empty(), "llama-train: --export-hf ", o.export_hf, " with LoRA (--lora-r): a LoRA run's "
-             "checkpoint holds its adapters, not a model; --export-lora DIR writes them for PEFT");
   LOOM_CHECK(o.lora || (o.export_lora.empty() && o.lora_from.empty()), "llama-train: --export-lora / --lora-from need LoRA "
              "adapters (--lora-r N)");
   const auto c = resolve_config(o);

@@ -202,4 +202,51 @@ void init_from_hf(trainer<P, T, C>& t, const std::string& folder) {
   init_from_hf(t, folder, stats);
 }
 
+/// A LoRA run's model with its adapters merged (PEFT's merge_and_unload): every adapted weight
+/// W + scaling B A over the consolidated base (what a schedule trained of it included; a
+/// quantised base dequantised), written as a Hugging Face folder of the model's family by world
+/// rank 0 (llama::export_hf: HF's names and row order), which serves and loads like any other.
+/// Collective over the world; rank 0 holds the whole model in fp32 for the write. Returns the
+/// number of safetensors files (0 on other ranks).
+template <class P, class T, class C>
+int export_merged_hf(trainer<P, T, C>& t, const std::string& out_dir) {
+  LOOM_CHECK(t.options().lora, "llama3d::export_merged_hf: this run has no LoRA adapters (save_checkpoint + llama::export_hf)");
+  const auto& lc = *t.options().lora;
+  const llama::config& c = t.model().cfg();
+  std::vector<float> base = t.consolidated_base();
+  const std::vector<float> ad = t.consolidated_lora();
+  if (t.mesh().world().rank() != 0) return 0;
+  const auto full = full_layout(c);
+  const auto lf = lora_full_layout(lc, c);
+  const double s = lc.scaling();
+  const std::string a_suffix = ".lora_A.weight";
+  for (const auto& ea : lf.entries()) {
+    if (!ea.name.ends_with(a_suffix)) continue;
+    const std::string stem = ea.name.substr(0, ea.name.size() - a_suffix.size());
+    const auto& eb = lf.find(stem + ".lora_B.weight");
+    const auto& ew = full.find(stem + ".weight");
+    const auto r = static_cast<std::size_t>(ea.shape[0]), in = static_cast<std::size_t>(ea.shape[1]);
+    const auto out = static_cast<std::size_t>(eb.shape[0]);
+    LOOM_CHECK(ew.numel == out * in && static_cast<std::size_t>(eb.shape[1]) == r, "llama3d::export_merged_hf: adapter '",
+               stem, "' does not fit its weight");
+    const float* A = ad.data() + ea.offset;
+    const float* B = ad.data() + eb.offset;
+    float* W = base.data() + ew.offset;
+    std::vector<double> row(in);
+    for (std::size_t o = 0; o < out; ++o) {
+      std::fill(row.begin(), row.end(), 0.0);
+      for (std::size_t k = 0; k < r; ++k) {
+        const double b = double(B[o * r + k]);
+        for (std::size_t i = 0; i < in; ++i) row[i] += b * double(A[k * in + i]);
+      }
+      for (std::size_t i = 0; i < in; ++i) W[o * in + i] = static_cast<float>(double(W[o * in + i]) + s * row[i]);
+    }
+  }
+  loom::checkpoint::memory_source src;
+  for (const auto& e : full.entries())
+    src.add(e.name, std::vector<std::int64_t>(e.shape.begin(), e.shape.end()),
+            std::span<const float>(base).subspan(e.offset, e.numel));
+  return llama::export_hf(src, out_dir, c);
+}
+
 }  // namespace llama3d

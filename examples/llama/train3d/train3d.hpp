@@ -539,6 +539,35 @@ class trainer {
                        [&](chunk_state&, const std::string& n) { return full.find(n).offset; });
   }
 
+  /// LoRA: the base in the single-rank layout (full_layout), fp32, on every rank: the frozen
+  /// base (W0; a quantised one dequantised) with what a schedule trained of it; collective over
+  /// the world.
+  std::vector<float> consolidated_base() {
+    LOOM_CHECK(opt_.lora, "llama3d::trainer::consolidated_base: this run has no LoRA adapters (consolidated_master())");
+    const auto full = full_layout(chunks_.front()->model->cfg());
+    std::vector<float> out(full.size(), 0.f);
+    const bool writer = mesh_.coord().dp == 0;  // dp replicas hold the same base: one writes
+    const auto offset_of = [&](const std::string& n) { return full.find(n).offset; };
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      auto& ck = *chunks_[c];
+      const std::vector<P> local = base_params(static_cast<int>(c));  // collective over dp (ZeRO-3 base engine)
+      tp::shard_list canon;
+      for (const auto& s : ck.model->shards())
+        if (s.replica == 0 && writer) canon.push_back(s);
+      tp::store_shards(canon, std::span<const P>(local), std::span<float>(out), offset_of);
+      const auto& fs = ck.model->frozen_shards();  // a quantised base's projections
+      for (std::size_t k = 0; k < fs.size(); ++k) {
+        const std::vector<float> v = frozen_values(k, static_cast<int>(c));  // collective over dp when partitioned
+        if (fs[k].replica != 0 || !writer) continue;
+        tp::shard_desc one = fs[k];
+        one.local_offset = 0;
+        tp::store_shards(tp::shard_list{one}, std::span<const float>(v), std::span<float>(out), offset_of);
+      }
+    }
+    mesh_.world().all_reduce(std::span<const float>(out), std::span<float>(out), loom::comm::reduce_op::sum);
+    return out;
+  }
+
   /// LoRA: the adapters of model chunk c (null without LoRA).
   const stage_lora<P, T>* lora(int c = 0) const noexcept { return chunks_[static_cast<std::size_t>(c)]->lora.get(); }
   /// LoRA: after the models' base parameters were written (a pretrained base read in), keep

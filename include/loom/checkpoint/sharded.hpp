@@ -437,7 +437,8 @@ namespace detail {
 // Writes the master weights of `shapes` (the file's names; `source`: file name -> checkpoint
 // name, identity when absent) through `w`, one tensor at a time from `mr`. Returns the
 // largest tensor's element count.
-inline std::size_t write_master(const reader& ck, io::safetensors_writer& w, const tensor_shapes& shapes,
+template <class Source>
+std::size_t write_master(const Source& ck, io::safetensors_writer& w, const tensor_shapes& shapes,
                                 const std::map<std::string, std::string>& source,
                                 const std::function<void(const std::string&, std::span<float>)>& transform,
                                 memory_resource& mr) {
@@ -481,18 +482,59 @@ struct folder_options {
   std::string config_json;  ///< written as config.json when not empty
 };
 
+/// Whole tensors held in memory as a source of weights for export_folder: each name's full
+/// shape and its values (row-major), which must outlive the source. What a model consolidated
+/// in memory is exported through (a LoRA run's base with its adapters merged).
+class memory_source {
+ public:
+  /// Adds tensor `name` of `shape` with its values `data` (as many as the shape has elements).
+  void add(const std::string& name, std::vector<std::int64_t> shape, std::span<const float> data) {
+    std::size_t n = 1;
+    for (auto e : shape) n *= static_cast<std::size_t>(e);
+    LOOM_CHECK(n == data.size(), "checkpoint::memory_source: tensor '", name, "' has ", n, " elements by its shape, ",
+               data.size(), " values");
+    LOOM_CHECK(data_.emplace(name, data).second, "checkpoint::memory_source: tensor '", name, "' is added twice");
+    shapes_[name] = std::move(shape);
+  }
+  const tensor_shapes& shapes() const noexcept { return shapes_; }
+  std::size_t numel(const std::string& name) const { return at(name).size(); }
+  /// Elements [first, first + out.size()) of tensor `name`; kind 0 only (weights, no moments).
+  void read(int kind, const std::string& name, std::size_t first, std::span<float> out) const {
+    LOOM_CHECK(kind == 0, "checkpoint::memory_source: holds weights only, asked for state kind ", kind);
+    const auto d = at(name);
+    LOOM_CHECK(first <= d.size() && out.size() <= d.size() - first, "checkpoint::memory_source: elements [", first, ", ",
+               first + out.size(), ") of '", name, "' of ", d.size());
+    std::copy_n(d.begin() + static_cast<std::ptrdiff_t>(first), out.size(), out.begin());
+  }
+
+ private:
+  std::span<const float> at(const std::string& name) const {
+    const auto it = data_.find(name);
+    LOOM_CHECK(it != data_.end(), "checkpoint::memory_source: no tensor '", name, "'");
+    return it->second;
+  }
+  tensor_shapes shapes_;
+  std::map<std::string, std::span<const float>> data_;
+};
+
 /// Streams checkpoint `path`'s fp32 master weights (the optimizer state is dropped) into a
 /// Hugging Face-style folder, one tensor at a time: model.safetensors, or shards
 /// model-0000k-of-0000n.safetensors cut at `max_shard_bytes` with model.safetensors.index.json
 /// ({"metadata": {"total_size"}, "weight_map": {name: file}}), plus config.json. Memory: one
 /// tensor (from `mr`) plus a range read's piece. Returns the number of shard files.
 inline int export_folder(const std::string& path, const std::string& out_dir, const folder_options& opt = {},
-                         memory_resource& mr = default_resource<host>()) {
+                         memory_resource& mr = default_resource<host>());
+
+/// The same from any source of whole weights: a `reader`, or a `memory_source` (anything with
+/// shapes(), numel(name) and read(0, name, first, out)).
+template <class Source>
+  requires(!std::convertible_to<const Source&, std::string>)
+int export_folder(const Source& ck, const std::string& out_dir, const folder_options& opt = {},
+                  memory_resource& mr = default_resource<host>()) {
   namespace fs = std::filesystem;
   LOOM_CHECK(opt.max_shard_bytes > 0, "checkpoint::export_folder: max_shard_bytes must be > 0");
   const std::size_t es = io::detail::dtype_size(opt.dtype);
   LOOM_CHECK(es != 0, "checkpoint::export_folder: dtype must be F32, F16 or BF16, got dtype='", opt.dtype.substr(0, 16), "'");
-  const reader ck(path);
   const auto name_of = [&](const std::string& n) { return opt.rename ? opt.rename(n) : n; };
   // shards in the folder's name order, cut greedily (what HF's own writers do)
   std::vector<tensor_shapes> shards(1);
@@ -528,6 +570,11 @@ inline int export_folder(const std::string& path, const std::string& out_dir, co
                        nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
   if (!opt.config_json.empty()) detail::write_text(out_dir + "/config.json", opt.config_json);
   return static_cast<int>(n);
+}
+
+inline int export_folder(const std::string& path, const std::string& out_dir, const folder_options& opt, memory_resource& mr) {
+  const reader ck(path);
+  return export_folder(ck, out_dir, opt, mr);
 }
 
 }  // namespace loom::checkpoint

@@ -250,6 +250,64 @@ TEST_CASE("init_from_hf into a LoRA run whose schedule unfreezes the base: the b
   }
 }
 
+TEST_CASE("a LoRA run exported merged (export_merged_hf) is an HF folder whose plain model gives the LoRA run's loss (fp32 base with a trained top layer on (2,2,1) ZeRO-3; NF4 base on (2,1,1) ZeRO-3)") {
+  const auto& r = reference::get();
+  const llama::config cfg = llama::config_from_hf(r.path("llama"));
+  struct variant {
+    loom::comm::mesh_shape mesh;
+    llama3d::lora_base base;
+    bool groups;
+  };
+  for (const variant v : {variant{{2, 2, 1}, llama3d::lora_base::fp32, true}, variant{{2, 1, 1}, llama3d::lora_base::nf4, false}}) {
+    CAPTURE(v.mesh.tp);
+    CAPTURE(llama3d::to_string(v.base));
+    auto o = options(v.mesh, 3, "1f1b", 4 / v.mesh.dp);
+    o.adamw.lr = 1e-2f;
+    o.lora.emplace();
+    o.lora->r = 4, o.lora->lora_alpha = 8;
+    o.lora->target_modules = {"q_proj", "k_proj", "down_proj"};
+    o.lora_base = v.base;
+    if (v.groups) {
+      o.groups.groups.push_back({"lora", {"*.lora_?.weight"}, {}, {}, {}, {}});
+      o.groups.groups.push_back({"top", {}, -1, {}, {}, {}});
+      o.groups.phases = {{0.34, {"lora"}}, {1.0, {"lora", "top"}}};
+      o.total_steps = 3;
+    }
+    const fs::path out = r.dir / ("merged_" + std::string(llama3d::to_string(v.base)));
+    fs::remove_all(out);
+    const auto data = [&](std::int64_t s, int g, std::span<std::int32_t> tok, std::span<std::int32_t> tgt) {
+      batch_of(cfg, o, s, g, tok, tgt);
+    };
+    double lora_loss = 0;
+    train3d_suite::run_ranks(v.mesh.size(), [&](any_comm& world) {
+      llama3d::trainer<float, float, any_comm> t(world, cfg, o, loom::default_resource<loom::host>());
+      llama3d::init_from_hf(t, r.path("llama"));
+      for (int s = 0; s < 3; ++s) t.step(data);
+      const double l = t.evaluate(data, 50);
+      const int files = llama3d::export_merged_hf(t, out.string());
+      if (world.rank() == 0) {
+        lora_loss = l;
+        CHECK(files == 1);
+      }
+    });
+    // the folder in a run without LoRA, and the base folder: the merged one gives the LoRA
+    // run's loss, the base one does not (the adapters moved)
+    const auto plain_loss = [&](const std::string& folder) {
+      double loss = 0;
+      const auto p = options({1, 1, 1}, 0, "1f1b", 4);
+      train3d_suite::run_ranks(1, [&](any_comm& world) {
+        llama3d::trainer<float, float, any_comm> t(world, llama::config_from_hf(folder), p, loom::default_resource<loom::host>());
+        llama3d::init_from_hf(t, folder);
+        loss = t.evaluate(data, 50);
+      });
+      return loss;
+    };
+    const double merged = plain_loss(out.string()), base = plain_loss(r.path("llama"));
+    CHECK(std::abs(merged - lora_loss) <= 1e-5 * lora_loss);
+    CHECK(std::abs(base - lora_loss) > 1e-4 * lora_loss);
+  }
+}
+
 TEST_CASE("init_from_hf: each rank reads only the bytes of the slices it owns") {
   const auto& r = reference::get();
   for (const char* folder : {"glm", "glm_bf16", "llama"}) {

@@ -153,7 +153,7 @@ foreach(_bad "r;--lora-r;0;--lora-r must be >= 1, got 0"
   set_tests_properties(llama_train_cli_lora_bad_${_name} PROPERTIES PASS_REGULAR_EXPRESSION "${_expect}" TIMEOUT 30)
 endforeach()
 # a LoRA run's sharded checkpoint (the adapters' engine state): saved on (2,1,1) ZeRO-3 after 2
-# steps, resumed on (1,1,1) ZeRO-1 for 2 more; --export-hf of it refused (it holds no model)
+# steps, resumed on (1,1,1) ZeRO-1 for 2 more; --export-hf: the model with its adapters merged
 set(_lora_ckpt ${CMAKE_CURRENT_BINARY_DIR}/cli_lora_checkpoint)
 add_test(NAME llama_train_cli_lora_save COMMAND llama-train --dp 2 --zero 3 --lora-r 4 --lora-dropout 0.1 --save ${_lora_ckpt} ${_small})
 add_test(NAME llama_train_cli_lora_resume COMMAND llama-train --zero 1 --lora-r 4 --lora-dropout 0.1 --resume ${_lora_ckpt}
@@ -163,10 +163,11 @@ set_tests_properties(llama_train_cli_lora_save PROPERTIES PASS_REGULAR_EXPRESSIO
 set_tests_properties(llama_train_cli_lora_resume PROPERTIES PASS_REGULAR_EXPRESSION
                      "resumed from [^\n]*step-2 at step 2.*step 4/4 \\| loss" FIXTURES_REQUIRED train3d_lora_ckpt
                      ENVIRONMENT OPENBLAS_NUM_THREADS=1 TIMEOUT 60)
-add_test(NAME llama_train_cli_lora_bad_export_hf COMMAND llama-train --lora-r 4 ${_small} --save ${_lora_ckpt}-no
-         --export-hf ${_lora_ckpt}-no-hf)
-set_tests_properties(llama_train_cli_lora_bad_export_hf PROPERTIES PASS_REGULAR_EXPRESSION
-                     "--export-hf [^\n]* with LoRA \\(--lora-r\\): a LoRA run's checkpoint holds its adapters" TIMEOUT 30)
+add_test(NAME llama_train_cli_lora_export_hf COMMAND llama-train --dp 2 --zero 3 --lora-r 4 ${_small}
+         --export-hf ${_lora_ckpt}-merged-hf)
+set_tests_properties(llama_train_cli_lora_export_hf PROPERTIES PASS_REGULAR_EXPRESSION
+                     "exported the model with its LoRA adapters merged as the HF folder [^\n]*merged-hf \\(1 safetensors file\\)"
+                     ENVIRONMENT OPENBLAS_NUM_THREADS=1 TIMEOUT 60)
 # --lora-merged: the adapters merged into an fp32 base each step (the unmerged run's oracle in
 # test_train3d_lora / _qlora); with dropout or a quantised base it is refused, naming both
 add_test(NAME llama_train_cli_lora_merged COMMAND llama-train --dp 2 --zero 2 --lora-r 4 --lora-merged ${_small})
