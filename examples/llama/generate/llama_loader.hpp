@@ -389,33 +389,43 @@ inline slice_source slice_from(const checkpoint_reader& r) {
   };
 }
 
-/// Writes sharded checkpoint `ckpt` (of a model with config `c`) as a Hugging Face folder of
+namespace detail {
+// What an HF folder of c's family can hold, refused naming the field (before any file is read).
+inline void check_export_config(const config& c) {
+  c.validate();
+  if (c.model_type == "chatglm") {
+    LOOM_CHECK(!c.tied_output, "llama::export_hf: a ChatGLM has its own output_layer; this config has tied_output=true");
+    return;
+  }
+  LOOM_CHECK(!c.fused_qkv && !c.fused_gate_up && !c.qkv_bias && c.partial_rotary_factor == 1.0,
+             "llama::export_hf: an HF LLaMA has separate q/k/v and gate/up projections without biases and rotates whole "
+             "heads; this config has fused_qkv=", c.fused_qkv, ", fused_gate_up=", c.fused_gate_up, ", qkv_bias=", c.qkv_bias,
+             ", partial_rotary_factor=", c.partial_rotary_factor);
+}
+}  // namespace detail
+
+/// Writes the weights of `ckpt` (of a model with config `c`; any source of whole weights under
+/// the model's names: a checkpoint `reader`, or a loom::checkpoint::memory_source such as a
+/// LoRA run's merged model, llama3d::export_merged_hf) as a Hugging Face folder of
 /// c.model_type: config.json, the family's tensor names, safetensors shards cut at
 /// `max_shard_bytes` with model.safetensors.index.json, one tensor in memory at a time.
 /// llama: HF runs rotary on the two halves of a head; a model trained with adjacent pairs
 /// (Meta's, llama2.c's) gets its q and k rows permuted so that HF computes the same attention
 /// (what HF's own converter does). chatglm: the fused tensors are ChatGLM's as they are.
 /// load_hf_safetensors reads the folder back.
-/// The same from any source of whole weights under the model's names (a checkpoint `reader`,
-/// or a loom::checkpoint::memory_source: a LoRA run's merged model, llama3d::export_merged_hf).
 template <class Source>
   requires(!std::convertible_to<const Source&, std::string>)
 int export_hf(const Source& ckpt, const std::string& out_dir, const config& c,
               std::uint64_t max_shard_bytes = std::uint64_t{5} << 30, const std::string& dtype = "F32") {
-  c.validate();
+  detail::check_export_config(c);
   loom::checkpoint::folder_options o;
   o.max_shard_bytes = max_shard_bytes;
   o.dtype = dtype;
   if (c.model_type == "chatglm") {
-    LOOM_CHECK(!c.tied_output, "llama::export_hf: a ChatGLM has its own output_layer; this config has tied_output=true");
     o.rename = detail::chatglm_name;
     o.config_json = detail::hf_config_json(c, dtype).dump(2) + "\n";
     return loom::checkpoint::export_folder(ckpt, out_dir, o);
   }
-  LOOM_CHECK(!c.fused_qkv && !c.fused_gate_up && !c.qkv_bias && c.partial_rotary_factor == 1.0,
-             "llama::export_hf: an HF LLaMA has separate q/k/v and gate/up projections without biases and rotates whole "
-             "heads; this config has fused_qkv=", c.fused_qkv, ", fused_gate_up=", c.fused_gate_up, ", qkv_bias=", c.qkv_bias,
-             ", partial_rotary_factor=", c.partial_rotary_factor);
   o.rename = detail::hf_name;
   if (c.rope == loom::ops::rope_style::interleaved)
     o.transform = [&c](const std::string& name, std::span<float> t) {
@@ -430,8 +440,10 @@ int export_hf(const Source& ckpt, const std::string& out_dir, const config& c,
   return loom::checkpoint::export_folder(ckpt, out_dir, o);
 }
 
+/// The same from the sharded checkpoint at path `ckpt`.
 inline int export_hf(const std::string& ckpt, const std::string& out_dir, const config& c,
                      std::uint64_t max_shard_bytes = std::uint64_t{5} << 30, const std::string& dtype = "F32") {
+  detail::check_export_config(c);  // a bad config is named before the checkpoint is opened
   const loom::checkpoint::reader r(ckpt);
   return export_hf(r, out_dir, c, max_shard_bytes, dtype);
 }
