@@ -15,6 +15,7 @@
 #include "train3d.hpp"
 
 #include <loom/checkpoint/sharded.hpp>
+#include <loom/data/json_input.hpp>
 
 #include <algorithm>
 #include <functional>
@@ -111,19 +112,22 @@ void load_checkpoint(trainer<P, T, C>& t, const std::string& path) {
   const loom::checkpoint::reader ck(path);
   {
     // a LoRA run's state is its adapters': the same r, alpha, scaling rule, targets and base
+    // (the manifest's values quoted bounded: they are outside bytes)
     const auto& mf = ck.manifest();
     const std::string what = "checkpoint '" + ck.dir() + "'";
     const bool saved_lora = mf.contains("lora");
     LOOM_CHECK(saved_lora == t.options().lora.has_value(), what, saved_lora ? ": was saved by a LoRA run (its state is "
-               "adapters: \"lora\" " + mf["lora"].dump() + "); this run has no LoRA adapters"
+               "adapters: \"lora\" " + loom::data::quote_json(mf["lora"]) + "); this run has no LoRA adapters"
                : ": was saved by a run without LoRA; this run has LoRA adapters (a full checkpoint is a base: --init-from "
                  "takes an HF folder, llama-train --export-hf writes one)");
     if (saved_lora) {
-      const nlohmann::json want = detail::lora_json(t.options());
-      for (const auto& [k, v] : want.items())
-        LOOM_CHECK(mf["lora"].is_object() && mf["lora"].contains(k) && mf["lora"][k] == v, what, ": its LoRA adapters have ",
-                   k, "=", mf["lora"].is_object() && mf["lora"].contains(k) ? mf["lora"][k].dump() : std::string("(none)"),
-                   ", this run's have ", k, "=", v.dump());
+      const nlohmann::json& saved = mf["lora"];
+      const nlohmann::json want = detail::lora_json(t.options());  // named: items() does not keep a temporary alive
+      for (const auto& [k, v] : want.items()) {
+        const bool has = saved.is_object() && saved.contains(k);
+        LOOM_CHECK(has && saved[k] == v, what, ": its LoRA adapters have ", k, "=",
+                   has ? loom::data::quote_json(saved[k]) : std::string("(none)"), ", this run's have ", k, "=", v.dump());
+      }
     }
   }
   ck.check_model(detail::tensor_shapes(t));

@@ -217,30 +217,11 @@ int export_merged_hf(trainer<P, T, C>& t, const std::string& out_dir) {
   const std::vector<float> ad = t.consolidated_lora();
   if (t.mesh().world().rank() != 0) return 0;
   const auto full = full_layout(c);
-  const auto lf = lora_full_layout(lc, c);
-  const double s = lc.scaling();
-  const std::string a_suffix = ".lora_A.weight";
-  for (const auto& ea : lf.entries()) {
-    if (!ea.name.ends_with(a_suffix)) continue;
-    const std::string stem = ea.name.substr(0, ea.name.size() - a_suffix.size());
-    const auto& eb = lf.find(stem + ".lora_B.weight");
-    const auto& ew = full.find(stem + ".weight");
-    const auto r = static_cast<std::size_t>(ea.shape[0]), in = static_cast<std::size_t>(ea.shape[1]);
-    const auto out = static_cast<std::size_t>(eb.shape[0]);
-    LOOM_CHECK(ew.numel == out * in && static_cast<std::size_t>(eb.shape[1]) == r, "llama3d::export_merged_hf: adapter '",
-               stem, "' does not fit its weight");
-    const float* A = ad.data() + ea.offset;
-    const float* B = ad.data() + eb.offset;
-    float* W = base.data() + ew.offset;
-    std::vector<double> row(in);
-    for (std::size_t o = 0; o < out; ++o) {
-      std::fill(row.begin(), row.end(), 0.0);
-      for (std::size_t k = 0; k < r; ++k) {
-        const double b = double(B[o * r + k]);
-        for (std::size_t i = 0; i < in; ++i) row[i] += b * double(A[k * in + i]);
-      }
-      for (std::size_t i = 0; i < in; ++i) W[o * in + i] = static_cast<float>(double(W[o * in + i]) + s * row[i]);
-    }
+  const auto lo = lora_full(lc, c);  // consolidated_lora's layout: one adapter per full tensor
+  for (const auto& it : lo.items()) {
+    const auto& w = full.find(it.name + ".weight");
+    it.ad.merge(std::span<float>(base).subspan(w.offset, w.numel), loom::nn::param_slot<2>{0, {it.rows, it.cols}},
+                lo.layout().unit(std::span<const float>(ad), it.unit), lc.scaling());
   }
   loom::checkpoint::memory_source src;
   for (const auto& e : full.entries())

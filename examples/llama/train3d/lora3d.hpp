@@ -415,11 +415,14 @@ class frozen_projection final : public loom::nn::frozen_op<T> {
   index_t b_row0_ = 0;
 };
 
-/// The adapters of the single-rank model (tp = 1, pp = 1): the layout whose offsets name
-/// where each full LoRA tensor lives when a mesh's shards are consolidated.
-inline loom::nn::param_layout lora_full_layout(const loom::lora::config& lc, const llama::config& c) {
+/// The adapters of the single-rank model (tp = 1, pp = 1), and their layout: where each full
+/// LoRA tensor lives when a mesh's shards are consolidated (consolidated_lora).
+inline stage_lora<float, float> lora_full(const loom::lora::config& lc, const llama::config& c) {
   const stage_layers<float> base(c, {}, split_layers(c.n_layers, 1, 0), true, true);
-  return stage_lora<float, float>(lc, c, base.layout, base.shards, split_layers(c.n_layers, 1, 0), {}).layout();
+  return stage_lora<float, float>(lc, c, base.layout, base.shards, split_layers(c.n_layers, 1, 0), {});
+}
+inline loom::nn::param_layout lora_full_layout(const loom::lora::config& lc, const llama::config& c) {
+  return lora_full(lc, c).layout();
 }
 
 }  // namespace llama3d

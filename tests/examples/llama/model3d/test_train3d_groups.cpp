@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
@@ -510,6 +511,29 @@ TEST_CASE("a LoRA run's sharded checkpoint: saved mid-phase on (2,1,1) ZeRO-3, r
       });
       CHECK(other_r.find("its LoRA adapters have r=2, this run's have r=4") != std::string::npos);
       CHECK(no_lora.find("was saved by a LoRA run") != std::string::npos);
+      // a hostile manifest: a 100 kB r, and a "lora" that is no object: named, quoted bounded
+      const std::string mpath = dir + "/manifest.json";
+      nlohmann::json m;
+      std::ifstream(mpath) >> m;
+      const auto load_with = [&](const nlohmann::json& lora) {
+        nlohmann::json h = m;
+        h["lora"] = lora;
+        std::ofstream(mpath) << h.dump();
+        std::string e;
+        train3d_suite::run_ranks(1, [&](any_comm& world) {
+          o.lora->r = 2;
+          groups_trainer t(world, cfg, o, loom::default_resource<loom::host>());
+          e = loom::test::error_of([&] { llama3d::load_checkpoint(t, dir); });
+        });
+        return e;
+      };
+      nlohmann::json long_r = m["lora"];
+      long_r["r"] = std::string(100000, 'x');
+      const std::string e1 = load_with(long_r), e2 = load_with(7);
+      CHECK(e1.find("its LoRA adapters have r=\"xxx") != std::string::npos);
+      CHECK(e1.size() < 2000);
+      CHECK(e2.find("its LoRA adapters have lora_alpha=(none)") != std::string::npos);  // the first field checked
+      std::ofstream(mpath) << m.dump();
     }
     std::filesystem::remove_all(root);
   }
