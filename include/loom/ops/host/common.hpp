@@ -81,6 +81,10 @@ inline index_t rows_grain(index_t row_elems) {
 }
 
 /// fn(begin, end) over the rows [0, n) on host_pool(), parts of at least `grain` rows.
+/// A lambda given here captures by reference, so a pointer it names from the enclosing
+/// function is read through the closure; inside an `omp simd` reduction loop GCC 12 reloaded
+/// such a pointer every iteration and gathered through it (rmsnorm_backward ran 2.5-3x slower,
+/// docs/benchmarks.md). Copy pointers the loops index into locals at the top of fn.
 template <class F>
 inline void parallel_rows(index_t n, index_t grain, F&& fn) {
   host_pool().parallel_for(n, grain, [&](int, index_t b, index_t e) { fn(b, e); });

@@ -62,6 +62,7 @@ inline void rmsnorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_vie
   // dx: rows in parallel. dw: columns in parallel, each summed over the rows in row order (the
   // order a single thread uses), so the result does not depend on the thread count.
   detail::parallel_rows(n, detail::rows_grain(d), [&](index_t r0, index_t r1) {
+    const P* const wl = wp;  // see detail::parallel_rows: a local, not the captured pointer
     for (index_t r = r0; r < r1; ++r) {
       const T* xr = x.data() + r * d;
       const T* dyr = dy.data() + r * d;
@@ -69,20 +70,21 @@ inline void rmsnorm_backward(host, in_view<T, 2> dy, in_view<T, 2> x, tensor_vie
       const T s = rstd(r);
       T dot = 0;  // sum_i dy_i w_i x_i
       LOOM_SIMD_SUM(dot)
-      for (index_t i = 0; i < d; ++i) dot += math::rmsnorm_dot_term(dyr[i], load<T>(wp[i]), xr[i]);
+      for (index_t i = 0; i < d; ++i) dot += math::rmsnorm_dot_term(dyr[i], load<T>(wl[i]), xr[i]);
       const T c = math::rmsnorm_dx_coeff(dot, s, T(d));
       LOOM_SIMD
-      for (index_t i = 0; i < d; ++i) dxr[i] += math::rmsnorm_dx(dyr[i], load<T>(wp[i]), xr[i], s, c);
+      for (index_t i = 0; i < d; ++i) dxr[i] += math::rmsnorm_dx(dyr[i], load<T>(wl[i]), xr[i], s, c);
     }
   });
   if (dw.empty()) return;
   detail::parallel_rows(d, std::max<index_t>(16, detail::rows_grain(n)), [&](index_t c0, index_t c1) {
+    T* const dwl = dwp;
     for (index_t r = 0; r < n; ++r) {
       const T* xr = x.data() + r * d;
       const T* dyr = dy.data() + r * d;
       const T s = rstd(r);
       LOOM_SIMD
-      for (index_t i = c0; i < c1; ++i) dwp[i] += math::rmsnorm_dw(dyr[i], xr[i], s);
+      for (index_t i = c0; i < c1; ++i) dwl[i] += math::rmsnorm_dw(dyr[i], xr[i], s);
     }
   });
 }
