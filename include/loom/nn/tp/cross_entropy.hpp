@@ -13,7 +13,8 @@
 // on the pool.
 // Targets (replicated on every rank) equal to ignore_index (-100) are skipped; other targets
 // outside [0, V) are a loom::error. The per-row log-sum-exp is kept for backward ([n]); the
-// communication is 3n numbers per forward, independent of the vocabulary.
+// communication is 3n numbers per forward, independent of the vocabulary. The element math
+// (log-sum-exp, the gradient element) is ops/math/softmax.hpp's, as in ops::cross_entropy.
 
 #include <loom/comm/communicator.hpp>
 #include <loom/core/buffer.hpp>
@@ -64,7 +65,7 @@ class vocab_parallel_cross_entropy {
     tp.all_reduce(std::span<const T>(red_.data(), 2 * n), std::span<T>(red_.data(), 2 * n), comm::reduce_op::sum);
     double loss = 0;
     for (index_t i = 0; i < n; ++i) {
-      lse_[i] = T(double(lse_[i]) + std::log(double(red_[2 * i])));
+      lse_[i] = T(ops::math::log_sum_exp(double(lse_[i]), double(red_[2 * i])));
       if (static_cast<std::int64_t>(targets(i)) != opt_.ignore_index) loss += double(lse_[i]) - double(red_[2 * i + 1]);
     }
     rows_ = n;
@@ -114,7 +115,7 @@ class vocab_parallel_cross_entropy {
         T* g = gp + i * vl;
         const T l = lse_[i];
         LOOM_SIMD
-        for (index_t j = 0; j < vl; ++j) g[j] += scale * ops::exp(x[j] - l);
+        for (index_t j = 0; j < vl; ++j) g[j] += ops::math::cross_entropy_grad(x[j], l, scale);
         if (t >= first_ && t < first_ + vl) g[t - first_] -= scale;
       }
     });
