@@ -119,7 +119,7 @@ class attention {
   struct activations {
     index_t batch = 0, seq = 0;
     buffer<T> q, k, v;  // [batch, seq, heads | kv_heads, head_dim], after rope
-    buffer<T> probs;    // [batch, heads, seq, seq]
+    buffer<T> probs;    // [batch, heads, seq, seq]: the softmax transposed (ops::attention_forward)
     buffer<T> out;      // [batch, seq, heads * head_dim], input of wo
   };
 

@@ -396,19 +396,38 @@ TEST_CASE("softmax: forward against exp/sum, backward against finite differences
 }
 
 namespace {
-TEST_CASE("softmax_row_prefix: softmax of the first n of a row, zeros after, for every n") {
-  for (const index_t width : {1, 16, 37, 64}) {
-    for (index_t n = 1; n <= width; ++n) {
-      std::vector<float> row(static_cast<std::size_t>(width));
-      for (index_t j = 0; j < width; ++j) row[j] = static_cast<float>(std::sin(0.7 * double(j + n)) * 6.0);
-      std::vector<double> ref(static_cast<std::size_t>(n));
-      double mx = row[0], z = 0;
-      for (index_t j = 0; j < n; ++j) mx = std::max(mx, double(row[j]));
-      for (index_t j = 0; j < n; ++j) z += ref[j] = std::exp(double(row[j]) - mx);
-      ops::detail::softmax_row_prefix(row.data(), n, width);
-      for (index_t j = 0; j < n; ++j) CHECK(row[j] == doctest::Approx(ref[j] / z).epsilon(1e-5));
-      for (index_t j = n; j < width; ++j) CHECK(row[j] == 0.f);
+TEST_CASE("attention's column softmax: each query's keys under the mask, hidden ones exactly 0, float") {
+  // A tile of rt queries starting at r0 over vis keys, stored transposed ([key][query], row
+  // stride ld > rt); oracle: a double softmax over the keys each query sees (causal, or
+  // prefix-LM: the first `prefix` positions see each other).
+  struct cfg { index_t seq, r0, rt, prefix; };
+  for (const cfg c : {cfg{5, 0, 5, 0}, cfg{70, 64, 6, 0}, cfg{128, 0, 64, 0}, cfg{128, 64, 64, 0}, cfg{70, 0, 64, 66},
+                      cfg{70, 64, 6, 66}, cfg{5, 0, 5, 3}}) {
+    CAPTURE(c.seq);
+    CAPTURE(c.r0);
+    CAPTURE(c.rt);
+    CAPTURE(c.prefix);
+    const ops::attention_mask mask{c.prefix};
+    const index_t vis = mask.visible(c.r0 + c.rt - 1, c.seq), ld = c.rt + 3;
+    std::vector<float> pt(static_cast<std::size_t>(vis * ld));
+    for (std::size_t i = 0; i < pt.size(); ++i) pt[i] = static_cast<float>(std::sin(0.37 * double(i)) * 9.0);
+    const std::vector<float> in = pt;
+    ops::detail::softmax_columns(pt.data(), ld, vis, c.rt, mask, c.seq, c.r0);
+    for (index_t r = 0; r < c.rt; ++r) {
+      const index_t n = mask.visible(c.r0 + r, c.seq);  // keys [0, n) visible to this query
+      double mx = in[static_cast<std::size_t>(r)], z = 0;
+      for (index_t j = 0; j < n; ++j) mx = std::max(mx, double(in[static_cast<std::size_t>(j * ld + r)]));
+      for (index_t j = 0; j < n; ++j) z += std::exp(double(in[static_cast<std::size_t>(j * ld + r)]) - mx);
+      for (index_t j = 0; j < vis; ++j) {
+        const float got = pt[static_cast<std::size_t>(j * ld + r)];
+        if (j < n)
+          CHECK(got == doctest::Approx(std::exp(double(in[static_cast<std::size_t>(j * ld + r)]) - mx) / z).epsilon(1e-5));
+        else
+          CHECK(got == 0.f);
+      }
     }
+    for (index_t j = 0; j < vis; ++j)  // the columns past the tile are not touched
+      for (index_t r = c.rt; r < ld; ++r) CHECK(pt[static_cast<std::size_t>(j * ld + r)] == in[static_cast<std::size_t>(j * ld + r)]);
   }
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // Row softmax, forward and backward; numerically stable (subtract the row maximum).
 //
-// `valid` lets attention mask a row's tail without a -inf pass: only the first valid(r)
-// entries of row r take part, the rest of the row is set to 0 (and gets no gradient).
+// (Attention's masked softmax runs down the columns of a transposed tile instead:
+// ops/host/attention.hpp, detail::softmax_columns.)
 
 #include <loom/ops/host/common.hpp>
 #include <loom/ops/math/softmax.hpp>
@@ -25,27 +25,6 @@ inline void softmax_row(const T* x, T* y, index_t n) {
   const T inv = T(1) / sum;
   LOOM_SIMD
   for (index_t i = 0; i < n; ++i) y[i] *= inv;
-}
-/// In place over a row of `width` entries: softmax of the first `n` (1 <= n <= width), zeros
-/// after them. Every loop runs over the whole width with a select instead of stopping at n,
-/// so a row whose width is a multiple of the vector length has no scalar remainder (the
-/// causal rows of an attention tile have every length from 1 up; their tile width does not).
-template <compute_type T>
-inline void softmax_row_prefix(T* x, index_t n, index_t width) {
-  const T x0 = x[0];  // a local, not x[0] in the loop: GCC 12 then vectorises it
-  T mx = x0;
-  LOOM_SIMD_MAX(mx)
-  for (index_t i = 0; i < width; ++i) mx = max_simd(mx, i < n ? x[i] : x0);
-  T sum = 0;
-  LOOM_SIMD_SUM(sum)
-  for (index_t i = 0; i < width; ++i) {
-    const T e = i < n ? ops::exp(x[i] - mx) : T(0);
-    x[i] = e;
-    sum += e;
-  }
-  const T inv = T(1) / sum;
-  LOOM_SIMD
-  for (index_t i = 0; i < width; ++i) x[i] *= inv;
 }
 /// dx[0..n) += y * (dy - <dy, y>)
 template <compute_type T>
