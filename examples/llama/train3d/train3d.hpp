@@ -546,22 +546,17 @@ class trainer {
     LOOM_CHECK(opt_.lora, "llama3d::trainer::consolidated_base: this run has no LoRA adapters (consolidated_master())");
     const auto full = full_layout(chunks_.front()->model->cfg());
     std::vector<float> out(full.size(), 0.f);
-    const bool writer = mesh_.coord().dp == 0;  // dp replicas hold the same base: one writes
     const auto offset_of = [&](const std::string& n) { return full.find(n).offset; };
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       auto& ck = *chunks_[c];
       const std::vector<P> local = base_params(static_cast<int>(c));  // collective over dp (ZeRO-3 base engine)
-      tp::shard_list canon;
-      for (const auto& s : ck.model->shards())
-        if (s.replica == 0 && writer) canon.push_back(s);
-      tp::store_shards(canon, std::span<const P>(local), std::span<float>(out), offset_of);
+      store_canonical(ck.model->shards(), std::span<const P>(local), out, offset_of);
       const auto& fs = ck.model->frozen_shards();  // a quantised base's projections
       for (std::size_t k = 0; k < fs.size(); ++k) {
         const std::vector<float> v = frozen_values(k, static_cast<int>(c));  // collective over dp when partitioned
-        if (fs[k].replica != 0 || !writer) continue;
         tp::shard_desc one = fs[k];
         one.local_offset = 0;
-        tp::store_shards(tp::shard_list{one}, std::span<const float>(v), std::span<float>(out), offset_of);
+        store_canonical(tp::shard_list{one}, std::span<const float>(v), out, offset_of);
       }
     }
     mesh_.world().all_reduce(std::span<const float>(out), std::span<float>(out), loom::comm::reduce_op::sum);
@@ -636,6 +631,18 @@ class trainer {
   }
 
  private:
+  // The canonical copies of `shards` (replica 0, on dp rank 0: dp replicas and replicated
+  // tensor-parallel shards hold the same values) from `local` into `out` at full offsets, so a
+  // sum over the world afterwards has each element from exactly one rank.
+  template <class E, class OffsetOf>
+  void store_canonical(const tp::shard_list& shards, std::span<const E> local, std::vector<float>& out,
+                       OffsetOf offset_of) const {
+    tp::shard_list canon;
+    for (const auto& s : shards)
+      if (s.replica == 0 && mesh_.coord().dp == 0) canon.push_back(s);
+    tp::store_shards(canon, local, std::span<float>(out), offset_of);
+  }
+
   // Each chunk's engine master gathered over dp, its canonical shards (dp rank 0, replica 0)
   // stored at full offsets, summed over the world (every element written by one rank).
   template <class ShardsOf, class OffsetOf>
@@ -643,11 +650,8 @@ class trainer {
     std::vector<float> out(size, 0.f);
     for (auto& ck : chunks_) {
       const std::vector<float> local = ck->zero->gather_master();  // this chunk's flat buffer, whole (collective over dp)
-      tp::shard_list canon;
-      for (const auto& s : shards_of(*ck))
-        if (s.replica == 0 && mesh_.coord().dp == 0) canon.push_back(s);
-      tp::store_shards(canon, std::span<const float>(local), std::span<float>(out),
-                       [&](const std::string& n) { return offset_of(*ck, n); });
+      store_canonical(shards_of(*ck), std::span<const float>(local), out,
+                      [&](const std::string& n) { return offset_of(*ck, n); });
     }
     // every element is written by exactly one rank (dp 0, replica 0); the others hold 0
     mesh_.world().all_reduce(std::span<const float>(out), std::span<float>(out), loom::comm::reduce_op::sum);

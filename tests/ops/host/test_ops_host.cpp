@@ -501,6 +501,53 @@ TEST_CASE("attention: GQA/MQA, causal and prefix-LM, forward against a naive loo
                   loom::error);
 }
 
+TEST_CASE("attention in float on every sgemm kernel: forward against the naive loop, backward against the double kernel") {
+  // The float path's GEMMs run on the kernel set (transposed A and B: S^T = K Q^T, O = (P^T)^T V,
+  // dQ = (dS^T)^T K); s = 1024 puts P^T's rows 4 KiB apart (the kernels' aliased-row paths).
+  // Oracles: naive_attention in double for the output; for the gradients, the double kernel,
+  // which the test above checks by finite differences.
+  using fvec = std::vector<float>;
+  const index_t hd = 8;
+  struct cfg { index_t b, s, h, kvh, prefix; };
+  loom::test::for_each_sgemm_kernel("float attention", [&](ops::host_sgemm) {
+    for (cfg c : {cfg{2, 70, 4, 2, 0}, cfg{1, 70, 2, 1, 66}, cfg{1, 1024, 2, 1, 0}}) {
+      CAPTURE(c.s);
+      CAPTURE(c.prefix);
+      const index_t b = c.b, s = c.s;
+      const ops::attention_mask mask{c.prefix};
+      const vec q = random_vector(b * s * c.h * hd, 23), k = random_vector(b * s * c.kvh * hd, 24),
+                v = random_vector(b * s * c.kvh * hd, 25), r = random_vector(b * s * c.h * hd, 26);
+      const fvec qf = to_float(q), kf = to_float(k), vf = to_float(v), rf = to_float(r);
+      fvec out(q.size()), probs(static_cast<std::size_t>(b * c.h * s * s)), scratch(static_cast<std::size_t>(s * s));
+      fvec dq(q.size(), 0.f), dk(k.size(), 0.f), dv(v.size(), 0.f);
+      ops::attention_forward(host{}, make_view(qf.data(), b, s, c.h, hd), make_view(kf.data(), b, s, c.kvh, hd),
+                             make_view(vf.data(), b, s, c.kvh, hd), make_view(out.data(), b, s, c.h, hd),
+                             make_view(probs.data(), b, c.h, s, s), mask);
+      ops::attention_backward(host{}, make_view(rf.data(), b, s, c.h, hd), make_view(qf.data(), b, s, c.h, hd),
+                              make_view(kf.data(), b, s, c.kvh, hd), make_view(vf.data(), b, s, c.kvh, hd),
+                              make_view(probs.data(), b, c.h, s, s), make_view(dq.data(), b, s, c.h, hd),
+                              make_view(dk.data(), b, s, c.kvh, hd), make_view(dv.data(), b, s, c.kvh, hd),
+                              make_view(scratch.data(), s, s), mask);
+      const vec ref = naive_attention(q, k, v, b, s, c.h, c.kvh, hd, c.prefix);
+      int wrong = 0;
+      for (std::size_t i = 0; i < ref.size(); ++i) wrong += out[i] != doctest::Approx(ref[i]).epsilon(1e-4);
+      vec outd(q.size()), probsd(probs.size()), scd(scratch.size()), dqd(q.size(), 0.0), dkd(k.size(), 0.0), dvd(v.size(), 0.0);
+      ops::attention_forward(host{}, make_view(q.data(), b, s, c.h, hd), make_view(k.data(), b, s, c.kvh, hd),
+                             make_view(v.data(), b, s, c.kvh, hd), make_view(outd.data(), b, s, c.h, hd),
+                             make_view(probsd.data(), b, c.h, s, s), mask);
+      ops::attention_backward(host{}, make_view(r.data(), b, s, c.h, hd), make_view(q.data(), b, s, c.h, hd),
+                              make_view(k.data(), b, s, c.kvh, hd), make_view(v.data(), b, s, c.kvh, hd),
+                              make_view(probsd.data(), b, c.h, s, s), make_view(dqd.data(), b, s, c.h, hd),
+                              make_view(dkd.data(), b, s, c.kvh, hd), make_view(dvd.data(), b, s, c.kvh, hd),
+                              make_view(scd.data(), s, s), mask);
+      for (std::size_t i = 0; i < dq.size(); ++i) wrong += dq[i] != doctest::Approx(dqd[i]).epsilon(1e-4);
+      for (std::size_t i = 0; i < dk.size(); ++i) wrong += dk[i] != doctest::Approx(dkd[i]).epsilon(1e-4);
+      for (std::size_t i = 0; i < dv.size(); ++i) wrong += dv[i] != doctest::Approx(dvd[i]).epsilon(1e-4);
+      CHECK(wrong == 0);
+    }
+  });
+}
+
 TEST_CASE("swiglu and gelu: forward against closed forms, backward against finite differences") {
   const index_t n = 33;
   vec a = random_vector(n, 17, 2.0), bb = random_vector(n, 18), r = random_vector(n, 19), y(n);
