@@ -506,7 +506,6 @@ TEST_CASE("attention in float on every sgemm kernel: forward against the naive l
   // dQ = (dS^T)^T K); s = 1024 puts P^T's rows 4 KiB apart (the kernels' aliased-row paths).
   // Oracles: naive_attention in double for the output; for the gradients, the double kernel,
   // which the test above checks by finite differences.
-  using fvec = std::vector<float>;
   const index_t hd = 8;
   struct cfg { index_t b, s, h, kvh, prefix; };
   loom::test::for_each_sgemm_kernel("float attention", [&](ops::host_sgemm) {
@@ -517,29 +516,26 @@ TEST_CASE("attention in float on every sgemm kernel: forward against the naive l
       const ops::attention_mask mask{c.prefix};
       const vec q = random_vector(b * s * c.h * hd, 23), k = random_vector(b * s * c.kvh * hd, 24),
                 v = random_vector(b * s * c.kvh * hd, 25), r = random_vector(b * s * c.h * hd, 26);
-      const fvec qf = to_float(q), kf = to_float(k), vf = to_float(v), rf = to_float(r);
-      fvec out(q.size()), probs(static_cast<std::size_t>(b * c.h * s * s)), scratch(static_cast<std::size_t>(s * s));
-      fvec dq(q.size(), 0.f), dk(k.size(), 0.f), dv(v.size(), 0.f);
-      ops::attention_forward(host{}, make_view(qf.data(), b, s, c.h, hd), make_view(kf.data(), b, s, c.kvh, hd),
-                             make_view(vf.data(), b, s, c.kvh, hd), make_view(out.data(), b, s, c.h, hd),
-                             make_view(probs.data(), b, c.h, s, s), mask);
-      ops::attention_backward(host{}, make_view(rf.data(), b, s, c.h, hd), make_view(qf.data(), b, s, c.h, hd),
-                              make_view(kf.data(), b, s, c.kvh, hd), make_view(vf.data(), b, s, c.kvh, hd),
-                              make_view(probs.data(), b, c.h, s, s), make_view(dq.data(), b, s, c.h, hd),
-                              make_view(dk.data(), b, s, c.kvh, hd), make_view(dv.data(), b, s, c.kvh, hd),
-                              make_view(scratch.data(), s, s), mask);
+      // out and (dq, dk, dv) of attention in element type E (inputs converted from double)
+      auto run = [&]<class E>(E) {
+        const std::vector<E> qe(q.begin(), q.end()), ke(k.begin(), k.end()), ve(v.begin(), v.end()), re(r.begin(), r.end());
+        std::vector<E> o(q.size()), probs(static_cast<std::size_t>(b * c.h * s * s)), sc(static_cast<std::size_t>(s * s));
+        std::vector<E> dq(q.size(), E(0)), dk(k.size(), E(0)), dv(v.size(), E(0));
+        ops::attention_forward(host{}, make_view(qe.data(), b, s, c.h, hd), make_view(ke.data(), b, s, c.kvh, hd),
+                               make_view(ve.data(), b, s, c.kvh, hd), make_view(o.data(), b, s, c.h, hd),
+                               make_view(probs.data(), b, c.h, s, s), mask);
+        ops::attention_backward(host{}, make_view(re.data(), b, s, c.h, hd), make_view(qe.data(), b, s, c.h, hd),
+                                make_view(ke.data(), b, s, c.kvh, hd), make_view(ve.data(), b, s, c.kvh, hd),
+                                make_view(probs.data(), b, c.h, s, s), make_view(dq.data(), b, s, c.h, hd),
+                                make_view(dk.data(), b, s, c.kvh, hd), make_view(dv.data(), b, s, c.kvh, hd),
+                                make_view(sc.data(), s, s), mask);
+        return std::tuple{o, dq, dk, dv};
+      };
+      const auto [out, dq, dk, dv] = run(0.f);
+      const auto [outd, dqd, dkd, dvd] = run(0.0);
       const vec ref = naive_attention(q, k, v, b, s, c.h, c.kvh, hd, c.prefix);
       int wrong = 0;
       for (std::size_t i = 0; i < ref.size(); ++i) wrong += out[i] != doctest::Approx(ref[i]).epsilon(1e-4);
-      vec outd(q.size()), probsd(probs.size()), scd(scratch.size()), dqd(q.size(), 0.0), dkd(k.size(), 0.0), dvd(v.size(), 0.0);
-      ops::attention_forward(host{}, make_view(q.data(), b, s, c.h, hd), make_view(k.data(), b, s, c.kvh, hd),
-                             make_view(v.data(), b, s, c.kvh, hd), make_view(outd.data(), b, s, c.h, hd),
-                             make_view(probsd.data(), b, c.h, s, s), mask);
-      ops::attention_backward(host{}, make_view(r.data(), b, s, c.h, hd), make_view(q.data(), b, s, c.h, hd),
-                              make_view(k.data(), b, s, c.kvh, hd), make_view(v.data(), b, s, c.kvh, hd),
-                              make_view(probsd.data(), b, c.h, s, s), make_view(dqd.data(), b, s, c.h, hd),
-                              make_view(dkd.data(), b, s, c.kvh, hd), make_view(dvd.data(), b, s, c.kvh, hd),
-                              make_view(scd.data(), s, s), mask);
       for (std::size_t i = 0; i < dq.size(); ++i) wrong += dq[i] != doctest::Approx(dqd[i]).epsilon(1e-4);
       for (std::size_t i = 0; i < dk.size(); ++i) wrong += dk[i] != doctest::Approx(dkd[i]).epsilon(1e-4);
       for (std::size_t i = 0; i < dv.size(); ++i) wrong += dv[i] != doctest::Approx(dvd[i]).epsilon(1e-4);
