@@ -6,6 +6,9 @@
 //     TFLOP/s and % of --peak-tflops (bf16) / --peak-tflops-fp32
 //   paged decode attention (kv::batch_decode_with_paged_kv_cache, bf16 pool, GQA):
 //     the keys and values read per launch / time, GB/s and % of --peak-gbs
+//   causal attention forward and backward (ops::attention_forward / _backward, fp32, GQA) at
+//     that model's heads: model FLOP/s (causal half of the seq x seq products: forward 2,
+//     backward 5 GEMM-equivalents) and % of --peak-tflops-fp32
 //   NF4 dequantisation (quant::nf4_dequantize_rows into bf16): bytes read + written / time
 //   embedding forward and RMSNorm forward: bytes moved / time
 // Without a device it says so and exits 0: it is a measurement, never a test.
@@ -18,6 +21,7 @@
 #include <loom/core/float16.hpp>
 #include <loom/kv/block_table.hpp>
 #include <loom/kv/cuda/paged_attention.cuh>
+#include <loom/ops/cuda/attention.cuh>
 #include <loom/ops/cuda/embedding.cuh>
 #include <loom/ops/cuda/gemm.hpp>
 #include <loom/ops/cuda/norm.cuh>
@@ -141,6 +145,32 @@ void bench_decode(const options& o, std::int32_t batch, std::int64_t kv_len) {
       o.peak_gbs);
 }
 
+void bench_attention(const options& o, index_t batch, index_t seq) {
+  const index_t h = 32, kvh = 4, hd = 64;
+  auto q = filled<float>(std::size_t(batch * seq * h * hd), 0.01f), k = filled<float>(std::size_t(batch * seq * kvh * hd), 0.01f);
+  auto v = filled<float>(k.size(), 0.01f), out = filled<float>(q.size(), 0.f), dout = filled<float>(q.size(), 0.01f);
+  auto lse = filled<float>(std::size_t(batch * h * seq), 0.f), dq = filled<float>(q.size(), 0.f);
+  auto dk = filled<float>(k.size(), 0.f), dv = filled<float>(k.size(), 0.f);
+  using in4 = loom::tensor_view<const float, loom::cuda, 4>;
+  using out4 = loom::tensor_view<float, loom::cuda, 4>;
+  const loom::extents<4> qe{batch, seq, h, hd}, ke{batch, seq, kvh, hd};
+  const loom::extents<3> le{batch, h, seq};
+  loom::ops::attention_workspace ws;
+  const std::string shape = "batch " + std::to_string(batch) + ", seq " + std::to_string(seq) + ", 32 q / 4 kv heads of 64";
+  const double pairs = double(batch) * double(h) * double(seq) * double(seq) / 2 * double(hd);  // causal
+  double ms = median_ms(o.reps, [&] {
+    loom::ops::attention_forward(loom::cuda{}, in4(q.data(), qe), in4(k.data(), ke), in4(v.data(), ke), out4(out.data(), qe),
+                                 loom::tensor_view<float, loom::cuda, 3>(lse.data(), le));
+  });
+  row("attention forward (fp32, causal)", shape, ms, 4 * pairs / (ms * 1e-3) / 1e12, "TFLOP/s", o.peak_tflops_fp32);
+  ms = median_ms(o.reps, [&] {
+    loom::ops::attention_backward(loom::cuda{}, in4(dout.data(), qe), in4(q.data(), qe), in4(k.data(), ke), in4(v.data(), ke),
+                                  in4(out.data(), qe), loom::tensor_view<const float, loom::cuda, 3>(lse.data(), le),
+                                  out4(dq.data(), qe), out4(dk.data(), ke), out4(dv.data(), ke), ws, {}, false);
+  });
+  row("attention backward (fp32, causal)", shape, ms, 10 * pairs / (ms * 1e-3) / 1e12, "TFLOP/s", o.peak_tflops_fp32);
+}
+
 void bench_nf4(const options& o, index_t rows, index_t cols) {
   std::vector<float> w(static_cast<std::size_t>(rows * cols));
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = float((i * 2654435761u) % 1000) * 1e-4f - 0.05f;
@@ -202,6 +232,7 @@ int main(int argc, char** argv) try {
   bench_gemm<float>(o, h, tokens, 2048, 2048, "fp32", o.peak_tflops_fp32);
   for (auto [batch, len] : {std::pair<std::int32_t, std::int64_t>{1, 32768}, {16, 4096}, {64, 4096}})
     if (!o.quick || batch == 16) bench_decode(o, batch, len);
+  bench_attention(o, tokens / 2048, 2048);
   bench_nf4(o, 4096, o.quick ? 4096 : 11008);
   bench_rows(o, tokens, 2048, 32000);
   return 0;

@@ -42,4 +42,21 @@ inline void require_same_length(const char* fn, index_t n, const V&... v) {
   (require_length(v, n, fn), ...);
 }
 
+/// The dimensions of attention's q [batch, seq, heads, head_dim] and k, v [batch, seq,
+/// kv_heads, head_dim]; group: query heads per kv head.
+struct attention_dims {
+  index_t b, s, h, kvh, hd, group;
+};
+template <class Q, class K, class V, class O>
+inline attention_dims check_attention(const Q& q, const K& k, const V& v, const O& o, const char* fn) {
+  const attention_dims d{q.extent(0), q.extent(1), q.extent(2), k.extent(2), q.extent(3), 1};
+  require_contiguous(q, fn, "q"), require_contiguous(k, fn, "k"), require_contiguous(v, fn, "v");
+  require_contiguous(o, fn, "out");
+  LOOM_CHECK(d.kvh > 0 && d.h % d.kvh == 0, fn, ": heads (", d.h, ") must be a multiple of kv_heads (", d.kvh, ")");
+  require_shape(k, extents<4>{d.b, d.s, d.kvh, d.hd}, fn, "k");
+  require_shape(v, extents<4>{d.b, d.s, d.kvh, d.hd}, fn, "v");
+  require_shape(o, q.shape(), fn, "out");
+  return {d.b, d.s, d.h, d.kvh, d.hd, d.h / d.kvh};
+}
+
 }  // namespace loom::ops::detail

@@ -14,6 +14,9 @@
 //   NF4 dequantisation: exact (one fp32 multiply per value on both sides)
 //   paged KV append: exact (a copy); paged decode: rtol 1e-5, atol 1e-5 (split-KV and
 //     warp-parallel sums add the same terms in another order)
+//   attention (online softmax over key tiles against the host's GEMMs and column softmax;
+//     backward from the saved log-sum-exp and <dO, O>): out rtol 1e-4, atol 1e-5; lse
+//     against a double loop rtol 1e-5, atol 1e-5; dq, dk, dv rtol 1e-4, atol 1e-4
 #include <loom/core/buffer.hpp>
 #include <loom/core/cuda/memory.hpp>
 #include <loom/core/random.hpp>
@@ -22,6 +25,7 @@
 #include <loom/kv/cuda/paged_attention.cuh>
 #include <loom/kv/paged_attention.hpp>
 #include <loom/ops/cuda/activation.cuh>
+#include <loom/ops/cuda/attention.cuh>
 #include <loom/ops/cuda/cross_entropy.cuh>
 #include <loom/ops/cuda/embedding.cuh>
 #include <loom/ops/cuda/gemm.hpp>
@@ -29,6 +33,7 @@
 #include <loom/ops/cuda/reduce.cuh>
 #include <loom/ops/cuda/rope.cuh>
 #include <loom/ops/host/activation.hpp>
+#include <loom/ops/host/attention.hpp>
 #include <loom/ops/host/cross_entropy.hpp>
 #include <loom/ops/host/embedding.hpp>
 #include <loom/ops/host/norm.hpp>
@@ -41,6 +46,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -307,6 +313,85 @@ TEST_CASE("paged KV append and split-KV decode on the GPU equal the host's (GQA,
   CHECK_THROWS_WITH_AS(loom::kv::batch_decode_with_paged_kv_cache(loom::cuda{}, cview(q, 0, 2, 512), cv, dcsr,
                                                                   mview(out, 0, 2, 512), ws),
                        doctest::Contains("head_dim=512 outside the supported [1, 256]"), loom::error);
+}
+
+namespace {
+
+/// q, k, v, dout random; the host's attention (forward, then backward adding into random
+/// gradients, and again writing them) against the GPU's, and the GPU's lse against a double
+/// loop over the same scores.
+void check_attention(index_t b, index_t s, index_t h, index_t kvh, index_t hd, index_t prefix) {
+  INFO("batch " << b << ", seq " << s << ", heads " << h << "/" << kvh << ", head_dim " << hd << ", prefix " << prefix);
+  const ops::attention_mask mask{prefix};
+  const auto nq = std::size_t(b * s * h * hd), nk = std::size_t(b * s * kvh * hd);
+  const auto q = random_vector<float>(nq, 31), k = random_vector<float>(nk, 32), v = random_vector<float>(nk, 33),
+             dout = random_vector<float>(nq, 34);
+  const auto dq0 = random_vector<float>(nq, 35), dk0 = random_vector<float>(nk, 36), dv0 = random_vector<float>(nk, 37);
+  std::vector<float> out(nq), probs(std::size_t(b * h * s * s)), scratch(std::size_t(s * s));
+  auto hq = make_view(q.data(), b, s, h, hd), hk = make_view(k.data(), b, s, kvh, hd), hv = make_view(v.data(), b, s, kvh, hd);
+  ops::attention_forward(host{}, hq, hk, hv, make_view(out.data(), b, s, h, hd), make_view(probs.data(), b, h, s, s), mask);
+  std::vector<float> hdq[2] = {dq0, dq0}, hdk[2] = {dk0, dk0}, hdv[2] = {dv0, dv0};
+  for (int acc = 0; acc < 2; ++acc)
+    ops::attention_backward(host{}, make_view(dout.data(), b, s, h, hd), hq, hk, hv, make_view(probs.data(), b, h, s, s),
+                            make_view(hdq[acc].data(), b, s, h, hd), make_view(hdk[acc].data(), b, s, kvh, hd),
+                            make_view(hdv[acc].data(), b, s, kvh, hd), make_view(scratch.data(), s, s), mask, acc == 1);
+
+  auto gq = upload(q), gk = upload(k), gv = upload(v), gdout = upload(dout);
+  auto gout = upload(std::vector<float>(nq, -9.f)), glse = upload(std::vector<float>(std::size_t(b * h * s), -9.f));
+  ops::attention_forward(loom::cuda{}, cview(gq, b, s, h, hd), cview(gk, b, s, kvh, hd), cview(gv, b, s, kvh, hd),
+                         mview(gout, b, s, h, hd), mview(glse, b, h, s), mask);
+  require_close(download(gout), out, 1e-4, 1e-5, "attention out");
+  std::vector<double> lse(std::size_t(b * h * s));
+  const double scale = 1.0 / std::sqrt(double(hd));
+  for (index_t bi = 0; bi < b; ++bi)
+    for (index_t hi = 0; hi < h; ++hi)
+      for (index_t t = 0; t < s; ++t) {
+        std::vector<double> sc;
+        for (index_t j = 0; j < mask.visible(t, s); ++j) {
+          double dot = 0;
+          for (index_t d = 0; d < hd; ++d)
+            dot += double(q[std::size_t(((bi * s + t) * h + hi) * hd + d)]) *
+                   double(k[std::size_t(((bi * s + j) * kvh + hi / (h / kvh)) * hd + d)]);
+          sc.push_back(dot * scale);
+        }
+        const double mx = *std::max_element(sc.begin(), sc.end());
+        double sum = 0;
+        for (double x : sc) sum += std::exp(x - mx);
+        lse[std::size_t((bi * h + hi) * s + t)] = mx + std::log(sum);
+      }
+  require_close(download(glse), lse, 1e-5, 1e-5, "attention lse");
+
+  ops::attention_workspace ws;
+  for (int acc = 0; acc < 2; ++acc) {
+    auto gdq = upload(dq0), gdk = upload(dk0), gdv = upload(dv0);
+    ops::attention_backward(loom::cuda{}, cview(gdout, b, s, h, hd), cview(gq, b, s, h, hd), cview(gk, b, s, kvh, hd),
+                            cview(gv, b, s, kvh, hd), cview(gout, b, s, h, hd), cview(glse, b, h, s), mview(gdq, b, s, h, hd),
+                            mview(gdk, b, s, kvh, hd), mview(gdv, b, s, kvh, hd), ws, mask, acc == 1);
+    const std::string how = acc ? " (accumulate)" : " (write)";
+    require_close(download(gdq), hdq[acc], 1e-4, 1e-4, "attention dq" + how);
+    require_close(download(gdk), hdk[acc], 1e-4, 1e-4, "attention dk" + how);
+    require_close(download(gdv), hdv[acc], 1e-4, 1e-4, "attention dv" + how);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("attention forward and backward on the GPU equal the host's (causal and prefix-LM, GQA and MQA, head_dim 33-256)") {
+  check_attention(2, 70, 4, 2, 64, 0);    // GQA, query tiles and key tiles cut mid-tile
+  check_attention(1, 130, 4, 1, 128, 20);  // MQA, prefix-LM
+  check_attention(2, 45, 2, 2, 40, 0);    // a head_dim that leaves lanes idle
+  check_attention(1, 37, 3, 3, 33, 50);   // an odd head_dim; a prefix longer than the sequence
+  check_attention(1, 66, 2, 1, 256, 0);   // the largest head_dim (over 48 KiB of shared memory)
+  loom::buffer<float, loom::cuda> q(2 * 300), kv(2 * 300), out(2 * 300), lse(4);
+  CHECK_THROWS_WITH_AS(ops::attention_forward(loom::cuda{}, cview(q, 1, 2, 1, 300), cview(kv, 1, 2, 1, 300),
+                                              cview(kv, 1, 2, 1, 300), mview(out, 1, 2, 1, 300), mview(lse, 1, 1, 2)),
+                       doctest::Contains("head_dim=300 outside the supported [1, 256]"), loom::error);
+  CHECK_THROWS_WITH_AS(ops::attention_forward(loom::cuda{}, cview(q, 1, 2, 3, 8), cview(kv, 1, 2, 2, 8), cview(kv, 1, 2, 2, 8),
+                                              mview(out, 1, 2, 3, 8), mview(lse, 1, 3, 2)),
+                       doctest::Contains("heads (3) must be a multiple of kv_heads (2)"), loom::error);
+  CHECK_THROWS_WITH_AS(ops::attention_forward(loom::cuda{}, cview(q, 1, 2, 1, 8), cview(kv, 1, 2, 1, 8), cview(kv, 1, 2, 1, 8),
+                                              mview(out, 1, 2, 1, 8), mview(lse, 1, 2, 2)),
+                       doctest::Contains("lse has shape [1, 2, 2], expected [1, 1, 2]"), loom::error);
 }
 
 TEST_CASE("NF4 rows dequantised on the GPU equal the host's bit for bit (plain and double-quantised absmax, fp32 and bf16)") {

@@ -20,12 +20,13 @@
 //
 // Mask: causal, with an optional prefix-LM part (`prefix` > 0): the first `prefix`
 // positions attend to each other in both directions, later ones causally to everything
-// before them.
+// before them (ops/math/attention.hpp, shared with the CUDA kernels).
 
 #include <loom/core/thread_pool.hpp>
 #include <loom/ops/host/common.hpp>
 #include <loom/ops/host/gemm.hpp>
 #include <loom/ops/host/softmax.hpp>
+#include <loom/ops/math/attention.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -37,29 +38,7 @@ namespace loom::ops {
 /// a causal mask skips about half of the seq x seq products (tuning value).
 inline constexpr index_t attention_tile = 64;
 
-struct attention_mask {
-  index_t prefix = 0;  ///< positions [0, prefix) see each other bidirectionally; 0: purely causal
-  /// How many keys (a prefix of the row) query position t of a length-`seq` sequence sees.
-  constexpr index_t visible(index_t t, index_t seq) const noexcept {
-    return t < prefix ? std::min(prefix, seq) : t + 1;
-  }
-};
-
 namespace detail {
-struct attention_dims {
-  index_t b, s, h, kvh, hd, group;
-};
-template <class Q, class K, class V, class O>
-inline attention_dims check_attention(const Q& q, const K& k, const V& v, const O& o, const char* fn) {
-  const attention_dims d{q.extent(0), q.extent(1), q.extent(2), k.extent(2), q.extent(3), 1};
-  require_contiguous(q, fn, "q"), require_contiguous(k, fn, "k"), require_contiguous(v, fn, "v");
-  require_contiguous(o, fn, "out");
-  LOOM_CHECK(d.kvh > 0 && d.h % d.kvh == 0, fn, ": heads (", d.h, ") must be a multiple of kv_heads (", d.kvh, ")");
-  require_shape(k, extents<4>{d.b, d.s, d.kvh, d.hd}, fn, "k");
-  require_shape(v, extents<4>{d.b, d.s, d.kvh, d.hd}, fn, "v");
-  require_shape(o, q.shape(), fn, "out");
-  return {d.b, d.s, d.h, d.kvh, d.hd, d.h / d.kvh};
-}
 /// [seq, head_dim] view of (batch bi, head hi) inside a [batch, seq, heads, head_dim] tensor.
 template <class E>
 inline tensor_view<E, host, 2> head_view(E* base, index_t bi, index_t hi, index_t s, index_t heads, index_t hd) {
