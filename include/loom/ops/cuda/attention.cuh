@@ -24,37 +24,28 @@
 // Limits: fp32 operands, head_dim <= 256. Tensor-core tiles (bf16 mma) are the next step for
 // speed; this version is the reference the GPU trainer can run and test against the host.
 
-#include <loom/core/buffer.hpp>
-#include <loom/core/cuda/error.hpp>
-#include <loom/core/cuda/memory.hpp>
 #include <loom/core/device.hpp>
-#include <loom/core/error.hpp>
 #include <loom/core/tensor_view.hpp>
-#include <loom/ops/checks.hpp>
-#include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/math/attention.hpp>
 #include <loom/ops/math/exp.hpp>
 #include <loom/ops/math/softmax.hpp>
-
-#include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstddef>
 #include <type_traits>
 
+#if !defined(LOOM_CUDA_EMULATION)
+#include <loom/core/buffer.hpp>
+#include <loom/core/cuda/error.hpp>
+#include <loom/core/cuda/memory.hpp>
+#include <loom/core/error.hpp>
+#include <loom/ops/checks.hpp>
+#include <loom/ops/cuda/launch.hpp>
+
+#include <cuda_runtime.h>
+#endif
+
 namespace loom::ops {
-
-/// Device scratch of attention_backward: delta, one float per query row and head.
-struct attention_workspace {
-  buffer<float, cuda> delta;
-  explicit attention_workspace(memory_resource& r = default_resource<cuda>()) : delta(0, r), mr_(&r) {}
-  void reserve(index_t rows) {
-    if (static_cast<index_t>(delta.size()) < rows) delta = buffer<float, cuda>(static_cast<std::size_t>(rows), *mr_);
-  }
-
- private:
-  memory_resource* mr_;
-};
 
 namespace kernels {
 
@@ -324,6 +315,23 @@ __global__ void __launch_bounds__(attention_warps * 32)
   }
 }
 
+/// Grid and dynamic shared memory of the three tile kernels: forward and dQ (a block per
+/// query tile of a head), dK/dV (a block per key tile of a kv head).
+struct attention_launch {
+  unsigned x, y, z;
+  std::size_t smem;
+};
+inline attention_launch attention_query_launch(index_t b, index_t s, index_t h, int dim, int staged_tensors) {
+  constexpr index_t rows = attention_warps * attention_rows_per_warp;
+  return {static_cast<unsigned>((s + rows - 1) / rows), static_cast<unsigned>(h), static_cast<unsigned>(b),
+          sizeof(float) * static_cast<std::size_t>(2 * attention_tile_keys * attention_ld(dim) + staged_tensors * rows * dim)};
+}
+inline attention_launch attention_key_launch(index_t b, index_t s, index_t kvh, int dim) {
+  constexpr index_t rows = attention_warps * attention_kv_rows_per_warp, tile = attention_tile_keys;
+  return {static_cast<unsigned>((s + rows - 1) / rows), static_cast<unsigned>(kvh), static_cast<unsigned>(b),
+          sizeof(float) * static_cast<std::size_t>(2 * tile * attention_ld(dim) + 2 * rows * dim + 2 * tile)};
+}
+
 /// f(std::integral_constant<int, DPL>) for the smallest of 1, 2, 4, 8 floats a lane that
 /// hold head_dim (<= 256) spread over a warp's 32 lanes.
 template <class F>
@@ -334,17 +342,34 @@ void with_dims_per_lane(index_t dim, F&& f) {
   f(std::integral_constant<int, 8>{});
 }
 
+}  // namespace kernels
+
+#if !defined(LOOM_CUDA_EMULATION)
+namespace kernels {
+
 /// kernel<<<grid, attention_warps * 32, smem, stream>>>(args...), the opt-in to more than 48 KiB
 /// of dynamic shared memory made first (a device with less fails here, with CUDA's message).
 template <class... P, class... A>
-void launch_attention(void (*kernel)(P...), dim3 grid, std::size_t smem, cudaStream_t stream, A... args) {
-  if (smem > 48 * 1024)
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kernel<<<grid, attention_warps * 32, smem, stream>>>(args...);
+void launch_attention(void (*kernel)(P...), attention_launch l, cudaStream_t stream, A... args) {
+  if (l.smem > 48 * 1024)
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
+  kernel<<<dim3(l.x, l.y, l.z), attention_warps * 32, l.smem, stream>>>(args...);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace kernels
+
+/// Device scratch of attention_backward: delta, one float per query row and head.
+struct attention_workspace {
+  buffer<float, cuda> delta;
+  explicit attention_workspace(memory_resource& r = default_resource<cuda>()) : delta(0, r), mr_(&r) {}
+  void reserve(index_t rows) {
+    if (static_cast<index_t>(delta.size()) < rows) delta = buffer<float, cuda>(static_cast<std::size_t>(rows), *mr_);
+  }
+
+ private:
+  memory_resource* mr_;
+};
 
 namespace detail {
 inline attention_dims check_attention_cuda(const tensor_view<const float, cuda, 4>& q, const tensor_view<const float, cuda, 4>& k,
@@ -371,12 +396,10 @@ inline void attention_forward(cuda, tensor_view<const float, cuda, 4> q, tensor_
   detail::require_contiguous(lse, fn, "lse");
   if (d.b == 0 || d.s == 0 || d.h == 0) return;
   const float scale = 1.f / std::sqrt(static_cast<float>(d.hd));
-  constexpr index_t rows = kernels::attention_warps * kernels::attention_rows_per_warp;
-  const int dim = static_cast<int>(d.hd), ld = kernels::attention_ld(dim);
-  const std::size_t smem = sizeof(float) * static_cast<std::size_t>(2 * kernels::attention_tile_keys * ld + rows * dim);
-  const dim3 grid(static_cast<unsigned>((d.s + rows - 1) / rows), static_cast<unsigned>(d.h), static_cast<unsigned>(d.b));
+  const int dim = static_cast<int>(d.hd);
   kernels::with_dims_per_lane(d.hd, [&](auto dpl) {
-    kernels::launch_attention(kernels::attention_forward<decltype(dpl)::value>, grid, smem, stream, q.data(), k.data(),
+    kernels::launch_attention(kernels::attention_forward<decltype(dpl)::value>,
+                              kernels::attention_query_launch(d.b, d.s, d.h, dim, 1), stream, q.data(), k.data(),
                               v.data(), out.data(), lse.data(), d.s, d.h, d.kvh, dim, scale, mask);
   });
 }
@@ -407,24 +430,18 @@ inline void attention_backward(cuda, tensor_view<const float, cuda, 4> dout, ten
   kernels::attention_delta<<<kernels::grid_for(query_rows * 32, kernels::row_block), kernels::row_block, 0, stream>>>(
       dout.data(), out.data(), ws.delta.data(), query_rows, d.s, d.h, static_cast<int>(d.hd));
   LOOM_CUDA_CHECK(cudaGetLastError());
-  constexpr index_t rows = kernels::attention_warps * kernels::attention_rows_per_warp;
-  constexpr index_t kv_rows = kernels::attention_warps * kernels::attention_kv_rows_per_warp;
-  constexpr index_t tile = kernels::attention_tile_keys;
-  const int dim = static_cast<int>(d.hd), ld = kernels::attention_ld(dim);
-  const std::size_t dq_smem = sizeof(float) * static_cast<std::size_t>(2 * tile * ld + 2 * rows * dim);
-  const std::size_t kv_smem = sizeof(float) * static_cast<std::size_t>(2 * tile * ld + 2 * kv_rows * dim + 2 * tile);
-  const dim3 dq_grid(static_cast<unsigned>((d.s + rows - 1) / rows), static_cast<unsigned>(d.h), static_cast<unsigned>(d.b));
-  const dim3 kv_grid(static_cast<unsigned>((d.s + kv_rows - 1) / kv_rows), static_cast<unsigned>(d.kvh),
-                     static_cast<unsigned>(d.b));
+  const int dim = static_cast<int>(d.hd);
   kernels::with_dims_per_lane(d.hd, [&](auto dpl) {
     constexpr int DPL = decltype(dpl)::value;
-    kernels::launch_attention(kernels::attention_backward_dq<DPL>, dq_grid, dq_smem, stream, dout.data(), q.data(),
+    kernels::launch_attention(kernels::attention_backward_dq<DPL>, kernels::attention_query_launch(d.b, d.s, d.h, dim, 2), stream, dout.data(), q.data(),
                               k.data(), v.data(), lse.data(), static_cast<const float*>(ws.delta.data()), dq.data(), d.s,
                               d.h, d.kvh, dim, scale, mask, accumulate);
-    kernels::launch_attention(kernels::attention_backward_dkdv<DPL>, kv_grid, kv_smem, stream, dout.data(), q.data(),
+    kernels::launch_attention(kernels::attention_backward_dkdv<DPL>, kernels::attention_key_launch(d.b, d.s, d.kvh, dim), stream, dout.data(), q.data(),
                               k.data(), v.data(), lse.data(), static_cast<const float*>(ws.delta.data()), dk.data(),
                               dv.data(), d.s, d.h, d.kvh, dim, scale, mask, accumulate);
   });
 }
+
+#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops
