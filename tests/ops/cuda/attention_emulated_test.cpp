@@ -19,10 +19,6 @@
 #include <string>
 #include <vector>
 
-namespace loom::ops::kernels {
-float smem[1 << 16];  // the kernels' dynamic shared memory (256 KiB: more than any launch asks)
-}
-
 namespace {
 
 using loom::host;
@@ -49,7 +45,7 @@ void require_close(const std::vector<float>& got, const std::vector<float>& want
 }
 
 dim3 grid_of(const kernels::attention_launch& l) {
-  REQUIRE(l.smem <= sizeof(kernels::smem));
+  REQUIRE(l.smem <= loom::emulation::dynamic_shared_bytes);
   return {l.x, l.y, l.z};
 }
 

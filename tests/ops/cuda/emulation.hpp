@@ -6,14 +6,16 @@
 // CUDA thread; the block's threads run the grid's blocks one after another, a barrier between
 // blocks; __syncthreads is a barrier of the block's threads; the warp intrinsics exchange
 // values through a per-warp array between two barriers of its 32 threads (every lane must
-// reach them, as with a full mask on a GPU); dynamic shared memory is one array (the kernel's
-// `extern __shared__ float smem[]` in namespace N is N::smem, which the test defines).
+// reach them, as with a full mask on a GPU); `__shared__` arrays are static (one per kernel,
+// shared by the block's threads) and dynamic shared memory (LOOM_DYNAMIC_SHARED_FLOATS, see
+// ops/cuda/launch.hpp) is one array of dynamic_shared_bytes.
 // What it cannot show: races the GPU's memory model allows but these barriers order,
 // performance, and anything of a real device (register spills, shared-memory limits).
 
 #define LOOM_CUDA_EMULATION 1
 
 #include <barrier>
+#include <cstddef>
 #include <deque>
 #include <thread>
 #include <vector>
@@ -28,9 +30,15 @@ inline dim3 blockDim, gridDim;
 #define __device__
 #define __host__
 #define __launch_bounds__(...)
-#define __shared__
+#define __shared__ static
 
 namespace loom::emulation {
+inline constexpr std::size_t dynamic_shared_bytes = std::size_t(1) << 18;
+inline float* dynamic_shared_floats() {
+  static float memory[dynamic_shared_bytes / sizeof(float)];
+  return memory;
+}
+
 struct warp_lanes {
   std::barrier<> meet{32};
   float f[32];

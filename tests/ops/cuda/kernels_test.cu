@@ -20,8 +20,6 @@
 #include <loom/core/buffer.hpp>
 #include <loom/core/cuda/memory.hpp>
 #include <loom/core/random.hpp>
-#include <loom/kv/block_allocator.hpp>
-#include <loom/kv/block_table.hpp>
 #include <loom/kv/cuda/paged_attention.cuh>
 #include <loom/kv/paged_attention.hpp>
 #include <loom/ops/cuda/activation.cuh>
@@ -45,6 +43,8 @@
 #include <loom/quant/nf4.hpp>
 
 #include <doctest/doctest.h>
+
+#include "kv/cuda/scrambled_pool.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -248,26 +248,12 @@ void check_paged_decode(std::int32_t block_size, std::int64_t nh, std::int64_t h
                         const std::vector<std::int64_t>& kv_lens) {
   namespace kv = loom::kv;
   const auto batch = static_cast<std::int32_t>(kv_lens.size());
-  std::int64_t total = 0;
-  for (auto n : kv_lens) total += n;
-  const std::int32_t num_blocks = static_cast<std::int32_t>(total / block_size + batch + 8);
-  kv::block_allocator alloc(num_blocks, block_size);
-  std::vector<kv::block_id> hold;
-  for (int i = 0; i < 7; ++i) hold.push_back(alloc.allocate());
-  for (int i = 0; i < 7; i += 2) alloc.release(hold[std::size_t(i)]);  // pages out of order
-  std::vector<kv::block_table> tables(static_cast<std::size_t>(batch));
-  kv::paged_kv_csr csr;
-  csr.block_size = block_size;
-  csr.clear();
-  std::vector<std::int32_t> bidx;
-  std::vector<std::int64_t> pos;
-  for (std::int32_t b = 0; b < batch; ++b) {
-    std::vector<kv::block_copy> copies;
-    const bool prepared = tables[std::size_t(b)].prepare_write(alloc, 0, kv_lens[std::size_t(b)], copies);
-    REQUIRE(prepared);
-    csr.push(tables[std::size_t(b)], kv_lens[std::size_t(b)]);
-    for (std::int64_t p = 0; p < kv_lens[std::size_t(b)]; ++p) bidx.push_back(b), pos.push_back(p);
-  }
+  kv::testing::scrambled_pool pool(block_size, kv_lens);
+  const std::int64_t total = pool.total;
+  const std::int32_t num_blocks = pool.num_blocks;
+  const auto& csr = pool.csr;
+  const auto& bidx = pool.bidx;
+  const auto& pos = pool.pos;
   const auto k = random_vector<float>(std::size_t(total * hk * dim), 40), v = random_vector<float>(k.size(), 41);
   const auto q = random_vector<float>(std::size_t(batch * nh * dim), 42, 2.f);
   const std::size_t cache_elems = std::size_t(num_blocks) * 2 * std::size_t(block_size * hk * dim);

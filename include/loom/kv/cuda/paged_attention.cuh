@@ -17,19 +17,22 @@
 // and long context, the case decode is bandwidth-bound in; the split count grows with the
 // longest sequence so that each range holds at least decode_min_keys keys.
 
-#include <loom/core/buffer.hpp>
-#include <loom/core/cuda/error.hpp>
-#include <loom/core/cuda/memory.hpp>
 #include <loom/core/device.hpp>
-#include <loom/core/error.hpp>
 #include <loom/core/tensor_view.hpp>
-#include <loom/kv/block_table.hpp>
-#include <loom/kv/paged_attention.hpp>
 #include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/math/load.hpp>
 #include <loom/ops/math/softmax.hpp>
 
+#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
+#include <loom/core/buffer.hpp>
+#include <loom/core/cuda/error.hpp>
+#include <loom/core/cuda/memory.hpp>
+#include <loom/core/error.hpp>
+#include <loom/kv/block_table.hpp>
+#include <loom/kv/paged_attention.hpp>
+
 #include <cuda_runtime.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -40,55 +43,17 @@
 
 namespace loom::kv {
 
-/// A paged_kv_csr's arrays on the device (what the kernels read), uploaded on a stream.
-struct paged_kv_csr_device {
-  buffer<std::int32_t, cuda> indptr, indices, last_page_len;
-  std::int32_t batch = 0, block_size = 16;
-  std::int64_t max_kv_len = 0;  ///< the longest sequence: sizes the split-KV grid
-
-  explicit paged_kv_csr_device(memory_resource& r = default_resource<cuda>())
-      : indptr(0, r), indices(0, r), last_page_len(0, r), mr_(&r) {}
-
-  /// Copies `csr` to the device (growing the buffers when needed); asynchronous on `stream`,
-  /// `csr` must stay alive until the stream has passed this point.
-  void upload(const paged_kv_csr& csr, cudaStream_t stream = nullptr) {
-    LOOM_CHECK(static_cast<std::int32_t>(csr.indptr.size()) == csr.batch() + 1, "paged_kv_csr_device::upload: indptr has ",
-               csr.indptr.size(), " entries for a batch of ", csr.batch());
-    batch = csr.batch(), block_size = csr.block_size;
-    max_kv_len = 0;
-    for (std::int32_t b = 0; b < batch; ++b) max_kv_len = std::max(max_kv_len, csr.kv_len(b));
-    copy(indptr, csr.indptr, stream), copy(indices, csr.indices, stream), copy(last_page_len, csr.last_page_len, stream);
-  }
-
- private:
-  memory_resource* mr_;
-  void copy(buffer<std::int32_t, cuda>& to, const std::vector<std::int32_t>& from, cudaStream_t stream) {
-    if (to.size() < from.size()) to = buffer<std::int32_t, cuda>(from.size(), *mr_);
-    if (!from.empty())
-      LOOM_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), from.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
-  }
-};
-
-/// Device scratch of batch decode's split-KV partial states.
-struct decode_workspace {
-  buffer<float, cuda> acc, m, l;  // [batch * heads * splits * head_dim], [.. * splits] twice
-  explicit decode_workspace(memory_resource& r = default_resource<cuda>()) : acc(0, r), m(0, r), l(0, r), mr_(&r) {}
-  void reserve(std::int64_t states, std::int64_t head_dim) {
-    const auto s = static_cast<std::size_t>(states), a = static_cast<std::size_t>(states * head_dim);
-    if (acc.size() < a) acc = buffer<float, cuda>(a, *mr_);
-    if (m.size() < s) m = buffer<float, cuda>(s, *mr_), l = buffer<float, cuda>(s, *mr_);
-  }
-
- private:
-  memory_resource* mr_;
-};
-
 namespace kernels {
 
 inline constexpr int decode_warps = 4;
 inline constexpr int max_dim_per_lane = 8;             // head_dim <= 256
 inline constexpr std::int64_t decode_min_keys = 256;   // keys per split at least
 inline constexpr std::int64_t decode_max_splits = 64;
+
+/// Key ranges a sequence is cut into, from the longest sequence of the batch.
+inline std::int64_t decode_splits(std::int64_t max_kv_len) {
+  return std::clamp<std::int64_t>(max_kv_len / decode_min_keys, 1, decode_max_splits);
+}
 
 __device__ inline std::int64_t kv_len_of(const std::int32_t* indptr, const std::int32_t* last_page_len, std::int32_t b,
                                          std::int32_t bs) {
@@ -198,6 +163,51 @@ __global__ void decode_merge(const float* __restrict__ ws_acc, const float* __re
 
 }  // namespace kernels
 
+#if !defined(LOOM_CUDA_EMULATION)
+/// A paged_kv_csr's arrays on the device (what the kernels read), uploaded on a stream.
+struct paged_kv_csr_device {
+  buffer<std::int32_t, cuda> indptr, indices, last_page_len;
+  std::int32_t batch = 0, block_size = 16;
+  std::int64_t max_kv_len = 0;  ///< the longest sequence: sizes the split-KV grid
+
+  explicit paged_kv_csr_device(memory_resource& r = default_resource<cuda>())
+      : indptr(0, r), indices(0, r), last_page_len(0, r), mr_(&r) {}
+
+  /// Copies `csr` to the device (growing the buffers when needed); asynchronous on `stream`,
+  /// `csr` must stay alive until the stream has passed this point.
+  void upload(const paged_kv_csr& csr, cudaStream_t stream = nullptr) {
+    LOOM_CHECK(static_cast<std::int32_t>(csr.indptr.size()) == csr.batch() + 1, "paged_kv_csr_device::upload: indptr has ",
+               csr.indptr.size(), " entries for a batch of ", csr.batch());
+    batch = csr.batch(), block_size = csr.block_size;
+    max_kv_len = 0;
+    for (std::int32_t b = 0; b < batch; ++b) max_kv_len = std::max(max_kv_len, csr.kv_len(b));
+    copy(indptr, csr.indptr, stream), copy(indices, csr.indices, stream), copy(last_page_len, csr.last_page_len, stream);
+  }
+
+ private:
+  memory_resource* mr_;
+  void copy(buffer<std::int32_t, cuda>& to, const std::vector<std::int32_t>& from, cudaStream_t stream) {
+    if (to.size() < from.size()) to = buffer<std::int32_t, cuda>(from.size(), *mr_);
+    if (!from.empty())
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), from.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
+  }
+};
+
+/// Device scratch of batch decode's split-KV partial states.
+struct decode_workspace {
+  buffer<float, cuda> acc, m, l;  // [batch * heads * splits * head_dim], [.. * splits] twice
+  explicit decode_workspace(memory_resource& r = default_resource<cuda>()) : acc(0, r), m(0, r), l(0, r), mr_(&r) {}
+  void reserve(std::int64_t states, std::int64_t head_dim) {
+    const auto s = static_cast<std::size_t>(states), a = static_cast<std::size_t>(states * head_dim);
+    if (acc.size() < a) acc = buffer<float, cuda>(a, *mr_);
+    if (m.size() < s) m = buffer<float, cuda>(s, *mr_), l = buffer<float, cuda>(s, *mr_);
+  }
+
+ private:
+  memory_resource* mr_;
+};
+
+
 namespace detail {
 template <class T>
 void check_device_cache(const char* fn, const tensor_view<T, cuda, 5>& cache, std::int64_t num_heads, std::int64_t head_dim,
@@ -259,8 +269,7 @@ void batch_decode_with_paged_kv_cache(cuda, tensor_view<const float, cuda, 3> q,
              " must each be at most 65535 (grid dimensions)");
   if (csr.batch == 0) return;
   const float scale = params.sm_scale > 0.f ? params.sm_scale : 1.f / std::sqrt(static_cast<float>(dim));
-  const std::int64_t splits =
-      std::clamp<std::int64_t>(csr.max_kv_len / kernels::decode_min_keys, 1, kernels::decode_max_splits);
+  const std::int64_t splits = kernels::decode_splits(csr.max_kv_len);
   if (splits > 1) ws.reserve(static_cast<std::int64_t>(csr.batch) * nh * splits, dim);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(nh), static_cast<unsigned>(csr.batch));
   kernels::decode_split<<<grid, kernels::decode_warps * 32, 0, stream>>>(
@@ -273,5 +282,7 @@ void batch_decode_with_paged_kv_cache(cuda, tensor_view<const float, cuda, 3> q,
                                                              static_cast<std::int32_t>(dim), out.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
+
+#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::kv

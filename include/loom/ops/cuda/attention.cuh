@@ -26,6 +26,7 @@
 
 #include <loom/core/device.hpp>
 #include <loom/core/tensor_view.hpp>
+#include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/math/attention.hpp>
 #include <loom/ops/math/exp.hpp>
 #include <loom/ops/math/softmax.hpp>
@@ -40,7 +41,6 @@
 #include <loom/core/cuda/memory.hpp>
 #include <loom/core/error.hpp>
 #include <loom/ops/checks.hpp>
-#include <loom/ops/cuda/launch.hpp>
 
 #include <cuda_runtime.h>
 #endif
@@ -94,7 +94,7 @@ struct query_tile {
       : b(blockIdx.z), hh(blockIdx.y), g(blockIdx.y / (h / kvh)), r0(static_cast<index_t>(blockIdx.x) * rows),
         r1(r0 + rows < s ? r0 + rows : s), warp(static_cast<int>(threadIdx.x) / 32), lane(static_cast<int>(threadIdx.x) % 32),
         ld(attention_ld(dim)) {
-    extern __shared__ float smem[];
+    LOOM_DYNAMIC_SHARED_FLOATS(smem);
     ks = smem, vs = smem + attention_tile_keys * ld, qs = vs + attention_tile_keys * ld;
   }
   __device__ index_t row(int i) const { return r0 + warp + attention_warps * i; }
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(attention_warps * 32)
                             float* __restrict__ dk, float* __restrict__ dv, index_t s, index_t h, index_t kvh, int dim,
                             float scale, attention_mask mask, bool accumulate) {
   constexpr int RPW = attention_kv_rows_per_warp, rows = attention_warps * RPW, tq = attention_tile_keys;
-  extern __shared__ float smem[];
+  LOOM_DYNAMIC_SHARED_FLOATS(smem);
   const int ld = attention_ld(dim);
   float* qs = smem;               // [tq][ld]
   float* dos = qs + tq * ld;      // [tq][ld]

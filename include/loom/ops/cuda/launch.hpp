@@ -14,6 +14,14 @@
 #include <cstddef>
 #include <type_traits>
 
+/// Declares `float* name`: the block's dynamic shared memory (`extern __shared__` on a GPU; the
+/// emulator's array under tests/ops/cuda/emulation.hpp, which runs kernels on host threads).
+#if defined(LOOM_CUDA_EMULATION)
+#define LOOM_DYNAMIC_SHARED_FLOATS(name) float* name = ::loom::emulation::dynamic_shared_floats()
+#else
+#define LOOM_DYNAMIC_SHARED_FLOATS(name) extern __shared__ float name[]
+#endif
+
 namespace loom::ops {
 
 /// An input view of device elements; T is deduced from the outputs, so a mutable view passes

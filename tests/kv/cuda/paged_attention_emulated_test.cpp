@@ -1,0 +1,91 @@
+// kv/cuda/paged_attention.cuh's kernels (append, split-KV decode, the merge of the splits) on
+// host threads (tests/ops/cuda/emulation.hpp), against the host's append_paged_kv_cache and
+// batch_decode_with_paged_kv_cache (kv_paged_attention_test checks those against a contiguous
+// reference): the pool the emulated append writes must equal the host's bit for bit, and
+// decode the host's output within rtol/atol 1e-5 (warps and splits add in another order), on
+// a scrambled pool, GQA and MQA, fp32 and bf16 pools, one and several splits. The split count
+// is the header's own (decode_splits); the GPU test (tests/ops/cuda/kernels_test.cu) runs the
+// same comparison on a device.
+#include "ops/cuda/emulation.hpp"
+
+#include <loom/kv/cuda/paged_attention.cuh>
+
+#include <loom/core/float16.hpp>
+#include <loom/core/random.hpp>
+#include <loom/kv/paged_attention.hpp>
+
+#include <doctest/doctest.h>
+
+#include "kv/cuda/scrambled_pool.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace {
+
+namespace kv = loom::kv;
+namespace kernels = loom::kv::kernels;
+using loom::host;
+using loom::make_view;
+using loom::emulation::emulate_launch;
+
+std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale = 1.f) {
+  std::vector<float> v(n);
+  loom::counter_rng(seed).fill_normal(std::span<float>(v), 0, 0.f, scale);
+  return v;
+}
+
+template <class T>
+void check(std::int32_t block_size, std::int64_t nh, std::int64_t hk, std::int64_t dim, const std::vector<std::int64_t>& kv_lens) {
+  INFO("block_size " << block_size << ", heads " << nh << "/" << hk << ", head_dim " << dim << ", sequences " << kv_lens.size());
+  const auto batch = static_cast<std::int32_t>(kv_lens.size());
+  kv::testing::scrambled_pool pool(block_size, kv_lens);
+  const std::int64_t total = pool.total, longest = pool.longest;
+  const std::int32_t num_blocks = pool.num_blocks;
+  const auto& csr = pool.csr;
+  const auto& bidx = pool.bidx;
+  const auto& pos = pool.pos;
+  const auto k = random_vector(std::size_t(total * hk * dim), 40), v = random_vector(k.size(), 41);
+  const auto q = random_vector(std::size_t(batch * nh * dim), 42, 2.f);
+  const std::size_t cache_elems = std::size_t(num_blocks) * 2 * std::size_t(block_size * hk * dim);
+  std::vector<T> cache(cache_elems, T(0.f)), ecache(cache_elems, T(0.f));
+  std::vector<float> out(q.size(), -9.f), eout(q.size(), -9.f);
+  auto cache_view = make_view(cache.data(), num_blocks, 2, block_size, hk, dim);
+  kv::append_paged_kv_cache(host{}, make_view(k.data(), total, hk, dim), make_view(v.data(), total, hk, dim), bidx, pos,
+                            cache_view, csr);
+  kv::batch_decode_with_paged_kv_cache(host{}, make_view(q.data(), batch, nh, dim), cache_view, csr,
+                                       make_view(out.data(), batch, nh, dim));
+
+  emulate_launch(kernels::append_paged_kv<T>, dim3{3, 1, 1}, 64, k.data(), v.data(), bidx.data(), pos.data(), ecache.data(),
+                 static_cast<const std::int32_t*>(csr.indptr.data()), static_cast<const std::int32_t*>(csr.indices.data()),
+                 total, hk, dim, block_size);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < cache_elems; ++i) differ += static_cast<float>(ecache[i]) != static_cast<float>(cache[i]);
+  CHECK(differ == 0);
+
+  const std::int64_t splits = kernels::decode_splits(longest);
+  std::vector<float> acc(std::size_t(batch * nh * splits * dim)), m(std::size_t(batch * nh * splits)), l(m.size());
+  const float scale = 1.f / std::sqrt(static_cast<float>(dim));
+  emulate_launch(kernels::decode_split<T>, dim3{unsigned(splits), unsigned(nh), unsigned(batch)}, kernels::decode_warps * 32,
+                 q.data(), static_cast<const T*>(ecache.data()), csr.indptr.data(), csr.indices.data(),
+                 csr.last_page_len.data(), block_size, hk, static_cast<std::int32_t>(dim), scale, splits, eout.data(),
+                 acc.data(), m.data(), l.data());
+  if (splits > 1)
+    emulate_launch(kernels::decode_merge, dim3{unsigned(nh), unsigned(batch), 1}, 64, static_cast<const float*>(acc.data()),
+                   static_cast<const float*>(m.data()), static_cast<const float*>(l.data()), splits,
+                   static_cast<std::int32_t>(dim), eout.data());
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) bad += !(std::abs(eout[i] - out[i]) <= 1e-5 + 1e-5 * std::abs(out[i]));
+  INFO("decode: " << bad << " of " << out.size() << " outputs differ (splits " << splits << ")");
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("the CUDA paged-KV append and split-KV decode, emulated on host threads, equal the host's") {
+  check<float>(16, 4, 2, 64, {1, 17, 300});            // GQA, one split
+  check<float>(16, 4, 2, 96, {600, 5, 1100});          // several splits; a head_dim of 3 lanes
+  check<loom::bfloat16>(8, 3, 1, 40, {530, 33});       // MQA, a bf16 pool, lanes partly idle
+}
