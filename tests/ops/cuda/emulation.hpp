@@ -14,6 +14,7 @@
 
 #define LOOM_CUDA_EMULATION 1
 
+#include <atomic>
 #include <barrier>
 #include <cstddef>
 #include <deque>
@@ -74,6 +75,14 @@ inline int __any_sync(unsigned, int p) {
   for (int l = 0; l < 32; ++l) any |= w->i[l];
   w->meet.arrive_and_wait();
   return any;
+}
+
+inline unsigned long long atomicMin(unsigned long long* address, unsigned long long value) {
+  std::atomic_ref<unsigned long long> a(*address);
+  unsigned long long old = a.load();
+  while (value < old && !a.compare_exchange_weak(old, value)) {
+  }
+  return old;
 }
 
 namespace loom::emulation {

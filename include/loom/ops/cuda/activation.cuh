@@ -3,15 +3,18 @@
 // element math is ops/math/activation.hpp's (the functions the host kernels call). Grid-stride
 // loops, asynchronous on `stream`.
 
-#include <loom/core/cuda/error.hpp>
 #include <loom/core/device.hpp>
 #include <loom/core/dtype.hpp>
 #include <loom/core/tensor_view.hpp>
-#include <loom/ops/checks.hpp>
 #include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/math/activation.hpp>
 
+#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
+#include <loom/core/cuda/error.hpp>
+#include <loom/ops/checks.hpp>
+
 #include <cuda_runtime.h>
+#endif
 
 namespace loom::ops {
 namespace kernels {
@@ -50,6 +53,8 @@ __global__ void gelu_backward(const T* __restrict__ dy, const T* __restrict__ x,
 }
 
 }  // namespace kernels
+
+#if !defined(LOOM_CUDA_EMULATION)
 
 /// out = silu(a) * b over device vectors of one length.
 template <compute_type T>
@@ -99,5 +104,7 @@ void gelu_backward(cuda, device_in_view<T, 1> dy, device_in_view<T, 1> x, tensor
       dy.data(), x.data(), dx.data(), n, approx);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
+
+#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops

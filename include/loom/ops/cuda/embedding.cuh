@@ -16,17 +16,20 @@
 // forward waits for the stream and reports it as the host does. Backward does not wait: it
 // skips a bad id (no write outside the table); forward, which precedes it, reported it.
 
-#include <loom/core/buffer.hpp>
-#include <loom/core/cuda/error.hpp>
-#include <loom/core/cuda/memory.hpp>
 #include <loom/core/device.hpp>
 #include <loom/core/dtype.hpp>
 #include <loom/core/tensor_view.hpp>
-#include <loom/ops/checks.hpp>
 #include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/math/load.hpp>
 
+#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
+#include <loom/core/buffer.hpp>
+#include <loom/core/cuda/error.hpp>
+#include <loom/core/cuda/memory.hpp>
+#include <loom/ops/checks.hpp>
+
 #include <cuda_runtime.h>
+#endif
 
 #include <algorithm>
 #include <concepts>
@@ -34,12 +37,6 @@
 #include <type_traits>
 
 namespace loom::ops {
-
-/// Device scratch of embedding_forward: the position of the first id outside the vocabulary.
-struct embedding_workspace {
-  buffer<unsigned long long, cuda> first_bad;  // [1]; the row count when every id is good
-  explicit embedding_workspace(memory_resource& r = default_resource<cuda>()) : first_bad(1, r) {}
-};
 
 namespace kernels {
 
@@ -59,6 +56,13 @@ __global__ void embedding_forward(const Tok* __restrict__ tokens, const P* __res
   }
 }
 
+/// Classes of token ids embedding_backward's threads split the rows into: enough threads
+/// (buckets x columns) to fill a large GPU, never more classes than ids.
+inline index_t embedding_buckets(index_t vocab, index_t d) {
+  constexpr index_t target_threads = index_t{1} << 17;
+  return std::clamp<index_t>((target_threads + d - 1) / d, 1, std::max<index_t>(vocab, 1));
+}
+
 /// Thread (bucket b, column j) adds, in token order, row i of dout into dtable[tokens[i]] for
 /// every token whose id is b modulo `buckets`.
 template <class Tok, class T>
@@ -75,6 +79,14 @@ __global__ void embedding_backward(const Tok* __restrict__ tokens, const T* __re
 }
 
 }  // namespace kernels
+
+#if !defined(LOOM_CUDA_EMULATION)
+/// Device scratch of embedding_forward: the position of the first id outside the vocabulary.
+struct embedding_workspace {
+  buffer<unsigned long long, cuda> first_bad;  // [1]; the row count when every id is good
+  explicit embedding_workspace(memory_resource& r = default_resource<cuda>()) : first_bad(1, r) {}
+};
+
 
 /// out[n, :] = table[tokens[n], :]; tokens: [n], table: [vocab, dim], out: [n, dim]. Waits for
 /// `stream`; an id outside [0, vocab) is a loom::error naming it and its position.
@@ -115,9 +127,7 @@ void embedding_backward(cuda, tensor_view<Token, cuda, 1> tokens, device_in_view
   detail::require_contiguous(dout, fn, "dout"), detail::require_contiguous(dtable, fn, "dtable");
   detail::require_shape(dout, extents<2>{n, d}, fn, "dout");
   if (n == 0 || d == 0) return;
-  // enough threads to fill a large GPU; never more classes than ids
-  constexpr index_t target_threads = index_t{1} << 17;
-  const index_t buckets = std::clamp<index_t>((target_threads + d - 1) / d, 1, std::max<index_t>(v, 1));
+  const index_t buckets = kernels::embedding_buckets(v, d);
   const index_t threads = buckets * d;
   LOOM_CHECK(threads / kernels::elementwise_block < kernels::grid_cap, fn, ": dim=", d, " above the supported ",
              kernels::grid_cap * index_t{kernels::elementwise_block});
@@ -125,5 +135,7 @@ void embedding_backward(cuda, tensor_view<Token, cuda, 1> tokens, device_in_view
       tokens.data(), dout.data(), dtable.data(), n, v, d, buckets);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
+
+#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops

@@ -10,22 +10,53 @@
 // roundings (the sum in double, rounded once); the tables are the host's own arrays, copied
 // to the device when the matrix is (so they are written once, in quant/nf4.hpp).
 
+#include <loom/core/device.hpp>
+#include <loom/core/tensor_view.hpp>
+#include <loom/ops/cuda/launch.hpp>
+
+#if !defined(LOOM_CUDA_EMULATION)  // the kernel alone compiles on the host (tests/ops/cuda/emulation.hpp)
 #include <loom/core/buffer.hpp>
 #include <loom/core/cuda/error.hpp>
 #include <loom/core/cuda/memory.hpp>
-#include <loom/core/device.hpp>
 #include <loom/core/error.hpp>
-#include <loom/core/tensor_view.hpp>
-#include <loom/ops/cuda/launch.hpp>
 #include <loom/quant/nf4.hpp>
 
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 #include <vector>
 
 namespace loom::quant {
 
+namespace kernels {
+
+/// Thread per code byte of rows [r0, r1): two values of one block.
+template <class T>
+__global__ void nf4_dequantize_rows(const std::uint8_t* __restrict__ codes, const float* __restrict__ absmax,
+                                    const std::uint8_t* __restrict__ absmax_codes, const float* __restrict__ absmax_scales,
+                                    float offset, const float* __restrict__ nf4_table, const float* __restrict__ dynamic_table,
+                                    index_t first_byte, index_t bytes, index_t block_size, index_t absmax_block_size,
+                                    bool double_quant, T* __restrict__ out) {
+  for (index_t j = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; j < bytes;
+       j += static_cast<index_t>(blockDim.x) * gridDim.x) {
+    const index_t byte = first_byte + j, block = 2 * byte / block_size;
+    float s;
+    if (double_quant) {
+      const float d = dynamic_table[absmax_codes[block]] * absmax_scales[block / absmax_block_size];
+      s = static_cast<float>(static_cast<double>(d) + static_cast<double>(offset));
+    } else {
+      s = absmax[block];
+    }
+    const std::uint8_t q = codes[byte];
+    out[2 * j] = T(nf4_table[q >> 4] * s);
+    out[2 * j + 1] = T(nf4_table[q & 15] * s);
+  }
+}
+
+}  // namespace kernels
+
+#if !defined(LOOM_CUDA_EMULATION)
 /// An nf4_matrix's stored fields on the device, with the two look-up tables.
 class nf4_matrix_device {
  public:
@@ -76,32 +107,6 @@ class nf4_matrix_device {
   buffer<float, cuda> tables_;
 };
 
-namespace kernels {
-
-/// Thread per code byte of rows [r0, r1): two values of one block.
-template <class T>
-__global__ void nf4_dequantize_rows(const std::uint8_t* __restrict__ codes, const float* __restrict__ absmax,
-                                    const std::uint8_t* __restrict__ absmax_codes, const float* __restrict__ absmax_scales,
-                                    float offset, const float* __restrict__ nf4_table, const float* __restrict__ dynamic_table,
-                                    index_t first_byte, index_t bytes, index_t block_size, index_t absmax_block_size,
-                                    bool double_quant, T* __restrict__ out) {
-  for (index_t j = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; j < bytes;
-       j += static_cast<index_t>(blockDim.x) * gridDim.x) {
-    const index_t byte = first_byte + j, block = 2 * byte / block_size;
-    float s;
-    if (double_quant) {
-      const float d = dynamic_table[absmax_codes[block]] * absmax_scales[block / absmax_block_size];
-      s = static_cast<float>(static_cast<double>(d) + static_cast<double>(offset));
-    } else {
-      s = absmax[block];
-    }
-    const std::uint8_t q = codes[byte];
-    out[2 * j] = T(nf4_table[q >> 4] * s);
-    out[2 * j + 1] = T(nf4_table[q & 15] * s);
-  }
-}
-
-}  // namespace kernels
 
 /// out = W[r0:r1, :] dequantised (fp32 values, stored as T: float or bfloat16); out is
 /// [r1 - r0, cols], contiguous. Asynchronous on `stream`.
@@ -121,5 +126,7 @@ void nf4_dequantize_rows(const nf4_matrix_device& w, index_t r0, index_t r1, ten
       r0 * w.cols() / 2, bytes, o.block_size, o.double_quant ? o.absmax_block_size : 1, o.double_quant, out.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
+
+#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::quant
