@@ -16,6 +16,8 @@
 
 #include <doctest/doctest.h>
 
+#include "ops/cuda/compare.hpp"
+
 #include "kv/cuda/scrambled_pool.hpp"
 
 #include <cmath>
@@ -31,11 +33,6 @@ using loom::host;
 using loom::make_view;
 using loom::emulation::emulate_launch;
 
-std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale = 1.f) {
-  std::vector<float> v(n);
-  loom::counter_rng(seed).fill_normal(std::span<float>(v), 0, 0.f, scale);
-  return v;
-}
 
 template <class T>
 void check(std::int32_t block_size, std::int64_t nh, std::int64_t hk, std::int64_t dim, const std::vector<std::int64_t>& kv_lens) {

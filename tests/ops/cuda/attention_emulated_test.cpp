@@ -14,6 +14,8 @@
 
 #include <doctest/doctest.h>
 
+#include "ops/cuda/compare.hpp"
+
 #include <cmath>
 #include <span>
 #include <string>
@@ -28,21 +30,7 @@ namespace ops = loom::ops;
 namespace kernels = loom::ops::kernels;
 using loom::emulation::emulate_launch;
 
-std::vector<float> random_vector(std::size_t n, std::uint64_t seed) {
-  std::vector<float> v(n);
-  loom::counter_rng(seed).fill_normal(std::span<float>(v), 0, 0.f, 1.f);
-  return v;
-}
 
-void require_close(const std::vector<float>& got, const std::vector<float>& want, double rtol, double atol, const std::string& what) {
-  REQUIRE(got.size() == want.size());
-  std::size_t bad = 0, first = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::abs(double(got[i]) - double(want[i])) <= atol + rtol * std::abs(double(want[i])))) first = bad++ ? first : i;
-  INFO(what << ": " << bad << " elements differ; the first, " << first << ", is " << got[first] << " emulated, "
-            << want[first] << " on the host");
-  CHECK(bad == 0);
-}
 
 dim3 grid_of(const kernels::attention_launch& l) {
   REQUIRE(l.smem <= loom::emulation::dynamic_shared_bytes);

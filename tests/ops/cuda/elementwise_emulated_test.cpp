@@ -19,6 +19,8 @@
 
 #include <doctest/doctest.h>
 
+#include "ops/cuda/compare.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -32,11 +34,6 @@ using loom::emulation::emulate_launch;
 namespace ops = loom::ops;
 namespace quant = loom::quant;
 
-std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale = 1.f) {
-  std::vector<float> v(n);
-  loom::counter_rng(seed).fill_normal(std::span<float>(v), 0, 0.f, scale);
-  return v;
-}
 
 constexpr unsigned block = ops::kernels::elementwise_block;
 dim3 grid(index_t n) { return {ops::kernels::grid_for(n, block), 1, 1}; }

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <barrier>
+#include <cmath>
 #include <cstddef>
 #include <deque>
 #include <thread>
@@ -59,6 +60,8 @@ inline float exchange(float v, F&& from) {
   return r;
 }
 }  // namespace loom::emulation
+
+using std::isfinite;  // CUDA's device isfinite is a global function
 
 inline void __syncthreads() { loom::emulation::this_block->arrive_and_wait(); }
 inline float __shfl_sync(unsigned, float v, int src) {

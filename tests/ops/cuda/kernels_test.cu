@@ -44,6 +44,8 @@
 
 #include <doctest/doctest.h>
 
+#include "ops/cuda/compare.hpp"
+
 #include "kv/cuda/scrambled_pool.hpp"
 
 #include <algorithm>
@@ -62,13 +64,6 @@ using loom::index_t;
 using loom::make_view;
 namespace ops = loom::ops;
 
-template <class T>
-std::vector<T> random_vector(std::size_t n, std::uint64_t seed, float scale = 1.f) {
-  std::vector<float> f(n);
-  loom::counter_rng(seed).fill_normal(std::span<float>(f), 0, 0.f, scale);
-  return std::vector<T>(f.begin(), f.end());
-}
-
 /// A device copy of a host vector.
 template <class T>
 loom::buffer<T, loom::cuda> upload(const std::vector<T>& v) {
@@ -82,19 +77,6 @@ std::vector<T> download(const loom::buffer<T, loom::cuda>& d) {
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
   LOOM_CUDA_CHECK(cudaMemcpy(v.data(), d.data(), v.size() * sizeof(T), cudaMemcpyDeviceToHost));
   return v;
-}
-
-/// |got - want| <= atol + rtol |want| everywhere; reports the first element that is not.
-template <class A, class B>
-void require_close(const std::vector<A>& got, const std::vector<B>& want, double rtol, double atol, const std::string& what) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double g = static_cast<double>(static_cast<float>(got[i])), w = static_cast<double>(static_cast<float>(want[i]));
-    if (!(std::abs(g - w) <= atol + rtol * std::abs(w))) {
-      INFO(what << ": element " << i << " is " << g << " on the GPU, " << w << " on the host");
-      REQUIRE(false);
-    }
-  }
 }
 
 template <class T, class... I>

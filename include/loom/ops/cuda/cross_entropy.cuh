@@ -11,33 +11,25 @@
 // reports either as the host does. Backward does not wait: it recounts on the device and
 // skips a bad target (no write outside the row); forward, which precedes it, reported it.
 
-#include <loom/core/buffer.hpp>
-#include <loom/core/cuda/error.hpp>
-#include <loom/core/cuda/memory.hpp>
 #include <loom/core/device.hpp>
 #include <loom/core/dtype.hpp>
 #include <loom/core/tensor_view.hpp>
-#include <loom/ops/checks.hpp>
 #include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/cuda/reduce.cuh>
 #include <loom/ops/math/softmax.hpp>
 
-#include <cuda_runtime.h>
-
 #include <concepts>
 #include <cstdint>
 
-namespace loom::ops {
+#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
+#include <loom/core/buffer.hpp>
+#include <loom/core/cuda/error.hpp>
+#include <loom/core/cuda/memory.hpp>
+#include <loom/ops/checks.hpp>
+#include <cuda_runtime.h>
+#endif
 
-/// Device scratch of the cross-entropy kernels for up to `rows` rows: each row's loss, the
-/// count of targets and the position of the first bad one, and the mean loss.
-struct cross_entropy_workspace {
-  buffer<float, cuda> row_loss;          // [rows]
-  buffer<unsigned long long, cuda> stats;  // [0] counted targets, [1] first bad position (rows: none)
-  buffer<float, cuda> loss;              // [1]
-  explicit cross_entropy_workspace(index_t rows, memory_resource& r = default_resource<cuda>())
-      : row_loss(static_cast<std::size_t>(rows), r), stats(2, r), loss(1, r) {}
-};
+namespace loom::ops {
 
 namespace kernels {
 
@@ -116,6 +108,18 @@ __global__ void __launch_bounds__(row_block)
 }
 
 }  // namespace kernels
+
+#if !defined(LOOM_CUDA_EMULATION)
+/// Device scratch of the cross-entropy kernels for up to `rows` rows: each row's loss, the
+/// count of targets and the position of the first bad one, and the mean loss.
+struct cross_entropy_workspace {
+  buffer<float, cuda> row_loss;          // [rows]
+  buffer<unsigned long long, cuda> stats;  // [0] counted targets, [1] first bad position (rows: none)
+  buffer<float, cuda> loss;              // [1]
+  explicit cross_entropy_workspace(index_t rows, memory_resource& r = default_resource<cuda>())
+      : row_loss(static_cast<std::size_t>(rows), r), stats(2, r), loss(1, r) {}
+};
+
 
 namespace detail {
 template <class T, class Tgt>
@@ -198,5 +202,7 @@ void cross_entropy_backward(cuda, device_in_view<T, 2> logits, tensor_view<Tgt, 
       logits.data(), targets.data(), lse.data(), dlogits.data(), ws.stats.data(), v, dloss, opt.ignore_index, accumulate);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
+
+#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops

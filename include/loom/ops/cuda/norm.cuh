@@ -9,19 +9,21 @@
 // one thread per column adds the rows in row order, as the host does, so it is deterministic
 // and needs no atomics. Launches are asynchronous on `stream`.
 
-#include <loom/core/cuda/error.hpp>
 #include <loom/core/device.hpp>
 #include <loom/core/dtype.hpp>
 #include <loom/core/tensor_view.hpp>
-#include <loom/ops/checks.hpp>
 #include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/cuda/reduce.cuh>
 #include <loom/ops/math/load.hpp>
 #include <loom/ops/math/norm.hpp>
 
-#include <cuda_runtime.h>
-
 #include <type_traits>
+
+#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
+#include <loom/core/cuda/error.hpp>
+#include <loom/ops/checks.hpp>
+#include <cuda_runtime.h>
+#endif
 
 namespace loom::ops {
 namespace kernels {
@@ -63,6 +65,8 @@ __global__ void rmsnorm_backward_dw(const T* __restrict__ dy, const T* __restric
 }
 
 }  // namespace kernels
+
+#if !defined(LOOM_CUDA_EMULATION)
 
 /// x, y: [rows, dim]; w: [dim]; rstd: [rows] (saved for backward). All device views.
 template <compute_type T, class P>
@@ -111,5 +115,7 @@ void rmsnorm_backward(cuda, device_in_view<T, 2> dy, device_in_view<T, 2> x, ten
                                  stream>>>(dy.data(), x.data(), rstd.data(), dw.data(), n, d);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
+
+#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops

@@ -10,19 +10,21 @@
 // one block adds the partials in block order) instead of atomics: the same input gives the
 // same bits on every run, which the host's order-fixed sum also guarantees.
 
-#include <loom/core/cuda/error.hpp>
 #include <loom/core/device.hpp>
 #include <loom/core/dtype.hpp>
 #include <loom/core/tensor_view.hpp>
-#include <loom/ops/checks.hpp>
 #include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/math/load.hpp>
 
-#include <cub/block/block_reduce.cuh>
-#include <cuda_runtime.h>
-
 #include <cmath>
 #include <type_traits>
+
+#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
+#include <loom/core/cuda/error.hpp>
+#include <loom/ops/checks.hpp>
+#include <cub/block/block_reduce.cuh>
+#include <cuda_runtime.h>
+#endif
 
 namespace loom::ops {
 namespace kernels {
@@ -30,6 +32,7 @@ namespace kernels {
 /// The reduction over a block of row_block threads of each thread's `v`, returned to every
 /// thread. Each call site has its own shared storage (a __shared__ in a template instance is
 /// one per kernel), and the leading barrier lets a kernel call it twice in a row.
+#if !defined(LOOM_CUDA_EMULATION)
 template <class T, class Op>
 __device__ T block_all_reduce(T v, Op op) {
   using reduce = cub::BlockReduce<T, row_block>;
@@ -41,6 +44,25 @@ __device__ T block_all_reduce(T v, Op op) {
   __syncthreads();
   return total;
 }
+#else
+// On host threads (tests/ops/cuda/emulation.hpp), without CUB: thread 0 combines every
+// thread's value in thread order (CUB's tree adds in another order: results agree to rounding).
+template <class T, class Op>
+__device__ T block_all_reduce(T v, Op op) {
+  __shared__ T part[row_block];
+  __shared__ T total;
+  __syncthreads();
+  part[threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    T r = part[0];
+    for (unsigned i = 1; i < row_block; ++i) r = op(r, part[i]);
+    total = r;
+  }
+  __syncthreads();
+  return total;
+}
+#endif
 struct sum_op {
   template <class T>
   __device__ T operator()(T a, T b) const {
@@ -94,6 +116,8 @@ __global__ void __launch_bounds__(row_block) sum_partials(const double* __restri
 
 }  // namespace kernels
 
+#if !defined(LOOM_CUDA_EMULATION)
+
 /// Device scratch of sum_of_squares: the result, then one partial per block.
 inline constexpr index_t sum_of_squares_workspace = 1 + kernels::norm_blocks;
 
@@ -116,5 +140,7 @@ void sum_of_squares(cuda, tensor_view<T, cuda, 1> x, tensor_view<double, cuda, 1
   kernels::sum_partials<<<1, kernels::row_block, 0, stream>>>(workspace.data() + 1, kernels::norm_blocks, workspace.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
+
+#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops

@@ -7,15 +7,17 @@
 // each; rotary_dim is twice the table's width): the angles are then the same numbers on both
 // backends. One thread per rotation pair; backward rotates by the negative angle.
 
-#include <loom/core/cuda/error.hpp>
 #include <loom/core/device.hpp>
 #include <loom/core/dtype.hpp>
 #include <loom/core/tensor_view.hpp>
-#include <loom/ops/checks.hpp>
 #include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/math/rope.hpp>
 
+#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
+#include <loom/core/cuda/error.hpp>
+#include <loom/ops/checks.hpp>
 #include <cuda_runtime.h>
+#endif
 
 namespace loom::ops {
 namespace kernels {
@@ -34,6 +36,8 @@ __global__ void rope(T* __restrict__ x, const T* __restrict__ cos, const T* __re
 }
 
 }  // namespace kernels
+
+#if !defined(LOOM_CUDA_EMULATION)
 
 namespace detail {
 template <compute_type T>
@@ -69,5 +73,7 @@ void rope_backward(cuda, tensor_view<T, cuda, 4> dx, device_in_view<T, 2> cos,
                    device_in_view<T, 2> sin, rope_style style, index_t pos0 = 0, cudaStream_t stream = nullptr) {
   detail::rope_rotate(dx, cos, sin, style, pos0, T(-1), stream, "ops::rope_backward(cuda)");
 }
+
+#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops

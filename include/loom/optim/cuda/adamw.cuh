@@ -5,18 +5,20 @@
 // corrections in double on the host) and every element goes through the same
 // ops::math::adamw_element the host step runs, so the host tests test this arithmetic.
 
-#include <loom/core/cuda/error.hpp>
 #include <loom/core/device.hpp>
-#include <loom/core/error.hpp>
 #include <loom/core/tensor_view.hpp>
-#include <loom/ops/checks.hpp>
 #include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/math/adamw.hpp>
 
-#include <cuda_runtime.h>
-
 #include <cmath>
 #include <cstdint>
+
+#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
+#include <loom/core/cuda/error.hpp>
+#include <loom/core/error.hpp>
+#include <loom/ops/checks.hpp>
+#include <cuda_runtime.h>
+#endif
 
 namespace loom::optim {
 namespace kernels {
@@ -35,6 +37,8 @@ __global__ void adamw(float* __restrict__ p, const float* __restrict__ g, float*
 
 }  // namespace kernels
 
+#if !defined(LOOM_CUDA_EMULATION)
+
 /// One AdamW update of step number t (1-based) on matching device vectors of parameters,
 /// gradients and moments; asynchronous on `stream`.
 inline void adamw_update(cuda, tensor_view<float, cuda, 1> params, tensor_view<const float, cuda, 1> grads,
@@ -50,5 +54,7 @@ inline void adamw_update(cuda, tensor_view<float, cuda, 1> params, tensor_view<c
                    stream>>>(params.data(), grads.data(), exp_avg.data(), exp_avg_sq.data(), n, k);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
+
+#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::optim
