@@ -6,6 +6,8 @@
 //     TFLOP/s and % of --peak-tflops (bf16) / --peak-tflops-fp32
 //   paged decode attention (kv::batch_decode_with_paged_kv_cache, bf16 pool, GQA):
 //     the keys and values read per launch / time, GB/s and % of --peak-gbs
+//   paged prefill (kv::batch_prefill_with_paged_kv_cache, bf16 pool, GQA): whole prompts,
+//     model FLOP/s (causal) and % of --peak-tflops-fp32
 //   causal attention forward and backward (ops::attention_forward / _backward, fp32, GQA) at
 //     that model's heads: model FLOP/s (causal half of the seq x seq products: forward 2,
 //     backward 5 GEMM-equivalents) and % of --peak-tflops-fp32
@@ -171,6 +173,37 @@ void bench_attention(const options& o, index_t batch, index_t seq) {
   row("attention backward (fp32, causal)", shape, ms, 10 * pairs / (ms * 1e-3) / 1e12, "TFLOP/s", o.peak_tflops_fp32);
 }
 
+void bench_prefill(const options& o, std::int32_t batch, std::int64_t len) {
+  namespace kv = loom::kv;
+  const std::int64_t nh = 32, hk = 8, dim = 128;
+  const std::int32_t bs = 16;
+  const std::int64_t pages_per_seq = (len + bs - 1) / bs;
+  const auto num_blocks = static_cast<std::int32_t>(pages_per_seq * batch);
+  kv::paged_kv_csr csr;
+  csr.block_size = bs;
+  csr.clear();
+  std::vector<std::int32_t> qo_indptr{0};
+  for (std::int32_t b = 0; b < batch; ++b) {
+    for (std::int64_t p = 0; p < pages_per_seq; ++p) csr.indices.push_back(static_cast<std::int32_t>(p * batch + b));
+    csr.indptr.push_back(static_cast<std::int32_t>(csr.indices.size()));
+    csr.last_page_len.push_back(static_cast<std::int32_t>(len - (pages_per_seq - 1) * bs));
+    qo_indptr.push_back(static_cast<std::int32_t>((b + 1) * len));
+  }
+  kv::paged_kv_csr_device dcsr;
+  dcsr.upload(csr);
+  kv::prefill_workspace ws;
+  auto cache = filled<loom::bfloat16>(std::size_t(num_blocks) * 2 * std::size_t(bs * hk * dim), 0.01f);
+  auto q = filled<float>(std::size_t(batch * len * nh * dim), 0.1f), out = filled<float>(q.size(), 0.f);
+  const loom::tensor_view<loom::bfloat16, loom::cuda, 5> cv(cache.data(), loom::extents<5>{num_blocks, 2, bs, hk, dim});
+  const loom::tensor_view<const float, loom::cuda, 3> qv(q.data(), loom::extents<3>{batch * len, nh, dim});
+  const loom::tensor_view<float, loom::cuda, 3> ov(out.data(), loom::extents<3>{batch * len, nh, dim});
+  const double ms = median_ms(o.reps, [&] { kv::batch_prefill_with_paged_kv_cache(loom::cuda{}, qv, qo_indptr, cv, dcsr, ov, ws); });
+  const double flops = 4.0 * double(batch) * double(nh) * double(len) * double(len) / 2 * double(dim);  // causal
+  row("paged prefill (bf16 pool, 32 q / 8 kv heads, head_dim 128)",
+      "batch " + std::to_string(batch) + ", prompt " + std::to_string(len), ms, flops / (ms * 1e-3) / 1e12, "TFLOP/s",
+      o.peak_tflops_fp32);
+}
+
 void bench_nf4(const options& o, index_t rows, index_t cols) {
   std::vector<float> w(static_cast<std::size_t>(rows * cols));
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = float((i * 2654435761u) % 1000) * 1e-4f - 0.05f;
@@ -232,6 +265,7 @@ int main(int argc, char** argv) try {
   bench_gemm<float>(o, h, tokens, 2048, 2048, "fp32", o.peak_tflops_fp32);
   for (auto [batch, len] : {std::pair<std::int32_t, std::int64_t>{1, 32768}, {16, 4096}, {64, 4096}})
     if (!o.quick || batch == 16) bench_decode(o, batch, len);
+  bench_prefill(o, o.quick ? 1 : 4, 2048);
   bench_attention(o, tokens / 2048, 2048);
   bench_nf4(o, 4096, o.quick ? 4096 : 11008);
   bench_rows(o, tokens, 2048, 32000);

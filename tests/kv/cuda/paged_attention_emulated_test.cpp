@@ -79,7 +79,49 @@ void check(std::int32_t block_size, std::int64_t nh, std::int64_t hk, std::int64
   CHECK(bad == 0);
 }
 
+/// Ragged prefill over a scrambled pool: sequence b's last q_lens[b] tokens as queries (a
+/// whole prompt, a decode row, a chunk), against the host's prefill, causal and not.
+template <class T>
+void check_prefill(std::int32_t block_size, std::int64_t nh, std::int64_t hk, std::int64_t dim,
+                   const std::vector<std::int64_t>& kv_lens, const std::vector<std::int32_t>& q_lens, bool causal) {
+  INFO("block_size " << block_size << ", heads " << nh << "/" << hk << ", head_dim " << dim << (causal ? ", causal" : ""));
+  kv::testing::scrambled_pool pool(block_size, kv_lens);
+  const auto num_blocks = pool.num_blocks;
+  const std::size_t cache_elems = std::size_t(num_blocks) * 2 * std::size_t(block_size * hk * dim);
+  std::vector<T> cache(cache_elems, T(0.f));
+  const auto k = random_vector(std::size_t(pool.total * hk * dim), 43), v = random_vector(k.size(), 44);
+  auto cache_view = make_view(cache.data(), num_blocks, 2, block_size, hk, dim);
+  kv::append_paged_kv_cache(host{}, make_view(k.data(), pool.total, hk, dim), make_view(v.data(), pool.total, hk, dim),
+                            pool.bidx, pool.pos, cache_view, pool.csr);
+  std::vector<std::int32_t> qo_indptr{0};
+  std::int64_t max_q = 0;
+  for (auto n : q_lens) qo_indptr.push_back(qo_indptr.back() + n), max_q = std::max<std::int64_t>(max_q, n);
+  const std::int64_t total_q = qo_indptr.back();
+  const auto q = random_vector(std::size_t(total_q * nh * dim), 45, 2.f);
+  std::vector<float> out(q.size(), -9.f), eout(q.size(), -9.f);
+  kv::attention_params params;
+  params.causal = causal;
+  kv::batch_prefill_with_paged_kv_cache(host{}, make_view(q.data(), total_q, nh, dim), qo_indptr, cache_view, pool.csr,
+                                        make_view(out.data(), total_q, nh, dim), params);
+  const auto shape = kernels::prefill_launch(static_cast<std::int32_t>(kv_lens.size()), nh, max_q, static_cast<std::int32_t>(dim));
+  REQUIRE(shape.smem <= loom::emulation::dynamic_shared_bytes);
+  loom::ops::kernels::with_dims_per_lane(dim, [&](auto dpl) {
+    emulate_launch(kernels::prefill_tiles<T, decltype(dpl)::value>, dim3{shape.x, shape.y, shape.z},
+                   loom::ops::kernels::attention_warps * 32, q.data(), static_cast<const std::int32_t*>(qo_indptr.data()),
+                   static_cast<const T*>(cache.data()), pool.csr.indptr.data(), pool.csr.indices.data(),
+                   pool.csr.last_page_len.data(), block_size, hk, static_cast<std::int32_t>(dim),
+                   1.f / std::sqrt(static_cast<float>(dim)), causal, eout.data());
+  });
+  require_close(eout, out, 1e-5, 1e-5, "prefill");
+}
+
 }  // namespace
+
+TEST_CASE("the CUDA paged prefill, emulated on host threads, equals the host's (ragged queries, causal and not, GQA, bf16)") {
+  check_prefill<float>(16, 4, 2, 64, {40, 5, 90}, {40, 1, 33}, true);   // a whole prompt, a decode row, a chunk
+  check_prefill<float>(16, 4, 2, 64, {40, 5, 90}, {40, 1, 33}, false);
+  check_prefill<loom::bfloat16>(8, 3, 1, 40, {70, 9}, {0, 9}, true);    // MQA, a bf16 pool, a sequence without queries
+}
 
 TEST_CASE("the CUDA paged-KV append and split-KV decode, emulated on host threads, equal the host's") {
   check<float>(16, 4, 2, 64, {1, 17, 300});            // GQA, one split

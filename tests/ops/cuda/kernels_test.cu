@@ -362,6 +362,58 @@ TEST_CASE("attention forward and backward on the GPU equal the host's (causal an
                        doctest::Contains("lse has shape [1, 2, 2], expected [1, 1, 2]"), loom::error);
 }
 
+namespace {
+
+/// Ragged prefill on the GPU against the host's over the same scrambled pool (kernels
+/// appended on the host, the pool uploaded): a whole prompt, a decode row and a chunk.
+template <class T>
+void check_paged_prefill(std::int32_t block_size, std::int64_t nh, std::int64_t hk, std::int64_t dim, bool causal) {
+  namespace kv = loom::kv;
+  const std::vector<std::int64_t> kv_lens{300, 5, 700};
+  const std::vector<std::int32_t> qo_indptr{0, 300, 301, 334};  // a whole prompt, a decode row, a chunk of 33
+  kv::testing::scrambled_pool pool(block_size, kv_lens);
+  const std::size_t cache_elems = std::size_t(pool.num_blocks) * 2 * std::size_t(block_size * hk * dim);
+  std::vector<T> cache(cache_elems, T(0.f));
+  const auto k = random_vector<float>(std::size_t(pool.total * hk * dim), 43), v = random_vector<float>(k.size(), 44);
+  auto cache_view = make_view(cache.data(), pool.num_blocks, 2, block_size, hk, dim);
+  kv::append_paged_kv_cache(host{}, make_view(k.data(), pool.total, hk, dim), make_view(v.data(), pool.total, hk, dim),
+                            pool.bidx, pool.pos, cache_view, pool.csr);
+  const std::int64_t total_q = qo_indptr.back();
+  const auto q = random_vector<float>(std::size_t(total_q * nh * dim), 45, 2.f);
+  std::vector<float> out(q.size(), -9.f);
+  kv::attention_params params;
+  params.causal = causal;
+  kv::batch_prefill_with_paged_kv_cache(host{}, make_view(q.data(), total_q, nh, dim), qo_indptr, cache_view, pool.csr,
+                                        make_view(out.data(), total_q, nh, dim), params);
+  auto gq = upload(q), gout = upload(std::vector<float>(q.size(), -9.f));
+  auto gcache = upload(cache);
+  kv::paged_kv_csr_device dcsr;
+  dcsr.upload(pool.csr);
+  kv::prefill_workspace ws;
+  const loom::tensor_view<T, loom::cuda, 5> gcache_view(gcache.data(), loom::extents<5>{pool.num_blocks, 2, block_size, hk, dim});
+  kv::batch_prefill_with_paged_kv_cache(loom::cuda{}, cview(gq, total_q, nh, dim), qo_indptr, gcache_view, dcsr,
+                                        mview(gout, total_q, nh, dim), ws, params);
+  require_close(download(gout), out, 1e-5, 1e-5, "paged prefill");
+}
+
+}  // namespace
+
+TEST_CASE("paged prefill on the GPU equals the host's (ragged queries, causal and not, GQA and MQA, a bf16 pool)") {
+  check_paged_prefill<float>(16, 8, 2, 128, true);
+  check_paged_prefill<float>(16, 8, 2, 128, false);
+  check_paged_prefill<loom::bfloat16>(8, 6, 1, 96, true);
+  loom::kv::testing::scrambled_pool pool(16, {4, 6});
+  loom::kv::paged_kv_csr_device dcsr;
+  dcsr.upload(pool.csr);
+  loom::kv::prefill_workspace ws;
+  loom::buffer<float, loom::cuda> q(9 * 2 * 8), cache(std::size_t(pool.num_blocks) * 2 * 16 * 2 * 8), out(q.size());
+  const loom::tensor_view<float, loom::cuda, 5> cv(cache.data(), loom::extents<5>{pool.num_blocks, 2, 16, 2, 8});
+  const std::vector<std::int32_t> too_many{0, 5, 9};  // 5 queries for a sequence of 4 keys
+  CHECK_THROWS_WITH_AS(loom::kv::batch_prefill_with_paged_kv_cache(loom::cuda{}, cview(q, 9, 2, 8), too_many, cv, dcsr,
+                                                                   mview(out, 9, 2, 8), ws),
+                       doctest::Contains("sequence 0 has q_len=5 outside [0, kv_len=4]"), loom::error);
+}
+
 TEST_CASE("NF4 rows dequantised on the GPU equal the host's bit for bit (plain and double-quantised absmax, fp32 and bf16)") {
   const index_t rows = 48, cols = 192;
   auto w = random_vector<float>(std::size_t(rows * cols), 50, 0.05f);

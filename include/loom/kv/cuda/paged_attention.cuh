@@ -19,6 +19,7 @@
 
 #include <loom/core/device.hpp>
 #include <loom/core/tensor_view.hpp>
+#include <loom/ops/cuda/attention.cuh>
 #include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/math/load.hpp>
 #include <loom/ops/math/softmax.hpp>
@@ -35,6 +36,7 @@
 #endif
 
 #include <algorithm>
+#include <span>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -161,6 +163,71 @@ __global__ void decode_merge(const float* __restrict__ ws_acc, const float* __re
   }
 }
 
+
+/// Ragged prefill: one block per (query tile, head, sequence) of attention_warps warps, the
+/// training forward's tiles (ops/cuda/attention.cuh: a warp carries rows r0 + w +
+/// attention_warps i, a lane scores one key of a 32-key tile staged in shared memory,
+/// online_softmax_tile folds the tile in); the keys come from the sequence's pages. Query i of
+/// a sequence of q_len queries and kv_len keys sits at position kv_len - q_len + i. Blocks past
+/// a sequence's last tile return at once.
+template <class T, int DPL>
+__global__ void __launch_bounds__(ops::kernels::attention_warps * 32)
+    prefill_tiles(const float* __restrict__ q, const std::int32_t* __restrict__ qo_indptr, const T* __restrict__ cache,
+                  const std::int32_t* __restrict__ indptr, const std::int32_t* __restrict__ indices,
+                  const std::int32_t* __restrict__ last_page_len, std::int32_t bs, std::int64_t hk, std::int32_t dim,
+                  float scale, bool causal, float* __restrict__ out) {
+  namespace ok = ops::kernels;
+  constexpr int RPW = ok::attention_rows_per_warp, rows = ok::attention_warps * RPW, tk = ok::attention_tile_keys;
+  const std::int32_t b = static_cast<std::int32_t>(blockIdx.z);
+  const std::int64_t h = blockIdx.y, nh = gridDim.y, q0 = qo_indptr[b], q_len = qo_indptr[b + 1] - q0;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.x) * rows;
+  if (r0 >= q_len) return;  // the whole block, before any barrier
+  const std::int64_t r1 = r0 + rows < q_len ? r0 + rows : q_len, kv_len = kv_len_of(indptr, last_page_len, b, bs);
+  const std::int64_t kvh = h / (nh / hk), token_stride = hk * dim, kv_half = bs * token_stride, block_stride = 2 * kv_half;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, ld = ok::attention_ld(dim);
+  LOOM_DYNAMIC_SHARED_FLOATS(smem);
+  float* ks = smem;           // [tk][ld]
+  float* vs = ks + tk * ld;   // [tk][ld]
+  float* qs = vs + tk * ld;   // [rows][dim]
+  ok::load_rows(qs, dim, q + (q0 * nh + h) * dim, nh * dim, r0, static_cast<int>(r1 - r0), dim);
+  auto visible = [&](std::int64_t i) { return causal ? kv_len - q_len + i + 1 : kv_len; };
+  const std::int32_t* pages = indices + indptr[b];
+  ok::online_softmax_rows<RPW, DPL> st;
+  const std::int64_t kmax = visible(r1 - 1);
+  for (std::int64_t t0 = 0; t0 < kmax; t0 += tk) {
+    const int nk = static_cast<int>(kmax - t0 < tk ? kmax - t0 : tk);
+    __syncthreads();  // the previous tile is consumed (and the query rows are staged)
+    for (int e = static_cast<int>(threadIdx.x); e < nk * dim; e += static_cast<int>(blockDim.x)) {
+      const std::int64_t j = t0 + e / dim;
+      const T* key = cache + pages[j / bs] * block_stride + (j % bs) * token_stride + kvh * dim + e % dim;
+      ks[(e / dim) * ld + e % dim] = ops::load<float>(key[0]);
+      vs[(e / dim) * ld + e % dim] = ops::load<float>(key[kv_half]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {
+      const std::int64_t r = r0 + warp + ok::attention_warps * i, vis = r < r1 ? visible(r) : 0;
+      if (t0 < vis)  // warp-uniform
+        ok::online_softmax_tile<DPL>(qs + (r - r0) * dim, ks, vs, ld, nk, t0, vis, dim, scale, lane, st.m[i], st.l[i],
+                                     st.acc[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < RPW; ++i) {
+    const std::int64_t r = r0 + warp + ok::attention_warps * i;
+    if (r >= r1) continue;
+    st.write(i, out + ((q0 + r) * nh + h) * dim, dim, lane);  // a row without a visible key: zeros, as on the host
+  }
+}
+
+/// Grid and dynamic shared memory of prefill_tiles for the longest query run of the batch.
+inline ops::kernels::attention_launch prefill_launch(std::int32_t batch, std::int64_t heads, std::int64_t max_q_len,
+                                                     std::int32_t dim) {
+  auto l = ops::kernels::attention_query_launch(1, max_q_len, heads, dim, 1);
+  l.z = static_cast<unsigned>(batch);
+  return l;
+}
+
 }  // namespace kernels
 
 #if !defined(LOOM_CUDA_EMULATION)
@@ -169,6 +236,7 @@ struct paged_kv_csr_device {
   buffer<std::int32_t, cuda> indptr, indices, last_page_len;
   std::int32_t batch = 0, block_size = 16;
   std::int64_t max_kv_len = 0;  ///< the longest sequence: sizes the split-KV grid
+  std::vector<std::int64_t> kv_lens;  ///< each sequence's keys (host copy, for the argument checks)
 
   explicit paged_kv_csr_device(memory_resource& r = default_resource<cuda>())
       : indptr(0, r), indices(0, r), last_page_len(0, r), mr_(&r) {}
@@ -179,8 +247,9 @@ struct paged_kv_csr_device {
     LOOM_CHECK(static_cast<std::int32_t>(csr.indptr.size()) == csr.batch() + 1, "paged_kv_csr_device::upload: indptr has ",
                csr.indptr.size(), " entries for a batch of ", csr.batch());
     batch = csr.batch(), block_size = csr.block_size;
+    kv_lens.resize(static_cast<std::size_t>(batch));
     max_kv_len = 0;
-    for (std::int32_t b = 0; b < batch; ++b) max_kv_len = std::max(max_kv_len, csr.kv_len(b));
+    for (std::int32_t b = 0; b < batch; ++b) kv_lens[std::size_t(b)] = csr.kv_len(b), max_kv_len = std::max(max_kv_len, csr.kv_len(b));
     copy(indptr, csr.indptr, stream), copy(indices, csr.indices, stream), copy(last_page_len, csr.last_page_len, stream);
   }
 
@@ -281,6 +350,67 @@ void batch_decode_with_paged_kv_cache(cuda, tensor_view<const float, cuda, 3> q,
   kernels::decode_merge<<<merge_grid, 128, 0, stream>>>(ws.acc.data(), ws.m.data(), ws.l.data(), splits,
                                                              static_cast<std::int32_t>(dim), out.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Device scratch of batch prefill: qo_indptr on the device and the longest query run.
+struct prefill_workspace {
+  buffer<std::int32_t, cuda> qo_indptr;
+  std::int64_t max_q_len = 0;
+  explicit prefill_workspace(memory_resource& r = default_resource<cuda>()) : qo_indptr(0, r), mr_(&r) {}
+
+  /// Copies qo_indptr (host) to the device; asynchronous on `stream` (the span must outlive it).
+  void upload(std::span<const std::int32_t> host_indptr, cudaStream_t stream) {
+    if (qo_indptr.size() < host_indptr.size()) qo_indptr = buffer<std::int32_t, cuda>(host_indptr.size(), *mr_);
+    max_q_len = 0;
+    for (std::size_t b = 0; b + 1 < host_indptr.size(); ++b)
+      max_q_len = std::max<std::int64_t>(max_q_len, host_indptr[b + 1] - host_indptr[b]);
+    if (!host_indptr.empty())
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(qo_indptr.data(), host_indptr.data(), host_indptr.size_bytes(), cudaMemcpyHostToDevice,
+                                      stream));
+  }
+
+ private:
+  memory_resource* mr_;
+};
+
+/// The cuda tag's batch_prefill_with_paged_kv_cache: sequence b's queries q[qo_indptr[b] :
+/// qo_indptr[b + 1]] (qo_indptr on the host, as the scheduler has it; copied into ws) attend
+/// over its csr keys, causally from position kv_len - q_len. Asynchronous; decode rows (one
+/// query) run here too.  q, out: [total_q, num_heads, head_dim] (head_dim <= 256)
+template <class T>
+void batch_prefill_with_paged_kv_cache(cuda, tensor_view<const float, cuda, 3> q, std::span<const std::int32_t> qo_indptr,
+                                       tensor_view<T, cuda, 5> cache_in, const paged_kv_csr_device& csr,
+                                       tensor_view<float, cuda, 3> out, prefill_workspace& ws, attention_params params = {},
+                                       cudaStream_t stream = nullptr) {
+  const char* fn = "batch_prefill_with_paged_kv_cache(cuda)";
+  const tensor_view<const std::remove_const_t<T>, cuda, 5> cache(cache_in);
+  const std::int64_t nh = q.extent(1), dim = q.extent(2);
+  detail::check_device_cache(fn, cache, nh, dim, csr);
+  LOOM_CHECK(out.shape() == q.shape(), fn, ": out shape ", detail::shape_str(out.shape()), " differs from q shape ",
+             detail::shape_str(q.shape()));
+  LOOM_CHECK(q.is_contiguous() && out.is_contiguous(), fn, ": q and out must be contiguous");
+  LOOM_CHECK(static_cast<std::int32_t>(qo_indptr.size()) == csr.batch + 1 && qo_indptr.back() == q.extent(0), fn,
+             ": qo_indptr has ", qo_indptr.size(), " entries ending at ", qo_indptr.empty() ? -1 : qo_indptr.back(),
+             " for a batch of ", csr.batch, " and ", q.extent(0), " query tokens");
+  for (std::int32_t b = 0; b < csr.batch; ++b) {
+    const std::int64_t q_len = qo_indptr[std::size_t(b) + 1] - qo_indptr[std::size_t(b)];
+    LOOM_CHECK(q_len >= 0 && q_len <= csr.kv_lens[std::size_t(b)], fn, ": sequence ", b, " has q_len=", q_len,
+               " outside [0, kv_len=", csr.kv_lens[std::size_t(b)], "]");
+  }
+  LOOM_CHECK(dim > 0 && dim <= ops::kernels::attention_max_head_dim, fn, ": head_dim=", dim, " outside the supported [1, ",
+             ops::kernels::attention_max_head_dim, "]");
+  LOOM_CHECK(nh <= 65535 && csr.batch <= 65535, fn, ": num_heads=", nh, " and batch=", csr.batch,
+             " must each be at most 65535 (grid dimensions)");
+  ws.upload(qo_indptr, stream);
+  if (csr.batch == 0 || ws.max_q_len == 0) return;
+  const float scale = params.sm_scale > 0.f ? params.sm_scale : 1.f / std::sqrt(static_cast<float>(dim));
+  const auto shape = kernels::prefill_launch(csr.batch, nh, ws.max_q_len, static_cast<std::int32_t>(dim));
+  ops::kernels::with_dims_per_lane(dim, [&](auto dpl) {
+    ops::kernels::launch_attention(kernels::prefill_tiles<std::remove_const_t<T>, decltype(dpl)::value>, shape, stream,
+                                   q.data(), static_cast<const std::int32_t*>(ws.qo_indptr.data()), cache.data(),
+                                   csr.indptr.data(), csr.indices.data(), csr.last_page_len.data(), csr.block_size,
+                                   cache.extent(3), static_cast<std::int32_t>(dim), scale, params.causal, out.data());
+  });
 }
 
 #endif  // !LOOM_CUDA_EMULATION

@@ -82,6 +82,56 @@ __device__ inline void load_rows(float* __restrict__ dst, int ld, const float* _
 /// into 32 different banks.
 __host__ __device__ inline int attention_ld(int dim) { return dim % 2 ? dim : dim + 1; }
 
+/// One tile of keys into one query row's online-softmax state (running max m, sum l and
+/// output acc, lane-strided: element lane + 32 e), by the row's warp: lane j scores key t0 + j
+/// of the staged tile (ks, vs: [nk][ld]) when it is below `vis` (the row's visible keys), the
+/// tile's maximum and sum are warp reductions, and the tile merges into the state with
+/// ops::math::online_softmax_merge. The training forward and paged prefill share it.
+template <int DPL>
+__device__ inline void online_softmax_tile(const float* qrow, const float* ks, const float* vs, int ld, int nk, index_t t0,
+                                           index_t vis, int dim, float scale, int lane, float& m, float& l,
+                                           float (&acc)[DPL]) {
+  const bool valid = lane < nk && t0 + lane < vis;
+  const float sc = valid ? dot_row(qrow, ks + lane * ld, dim) * scale : -INFINITY;
+  const float mx = warp_max(sc);  // the caller passes tiles with a visible key: finite
+  const float p = valid ? ops::exp(sc - mx) : 0.f;
+  const float ls = warp_sum(p);
+  float part[DPL] = {};
+  for (int j = 0; j < nk; ++j) {
+    const float pj = __shfl_sync(0xffffffffu, p, j);
+    const float* vr = vs + j * ld;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e)
+      if (lane + 32 * e < dim) part[e] += pj * vr[lane + 32 * e];
+  }
+  float c1, c2;
+  math::online_softmax_merge(m, l, mx, ls, c1, c2);
+#pragma unroll
+  for (int e = 0; e < DPL; ++e) acc[e] = acc[e] * c1 + part[e] * c2;
+}
+
+/// The online-softmax state of the RPW query rows a warp carries (running max, sum and
+/// lane-strided output each), for the training forward and paged prefill.
+template <int RPW, int DPL>
+struct online_softmax_rows {
+  float m[RPW], l[RPW], acc[RPW][DPL];
+  __device__ online_softmax_rows() {
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {
+      m[i] = -INFINITY, l[i] = 0.f;
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) acc[i][e] = 0.f;
+    }
+  }
+  /// Row i's output, acc / l (zeros for a row that saw no key), into orow [dim].
+  __device__ void write(int i, float* orow, int dim, int lane) const {
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e)
+      if (lane + 32 * e < dim) orow[lane + 32 * e] = acc[i][e] * inv;
+  }
+};
+
 /// Forward's and dQ's block: one query tile of one head of one batch entry; warp w carries
 /// rows r0 + w + attention_warps i (i < RPW), so causal rows of every length go to every warp.
 template <int RPW>
@@ -137,42 +187,16 @@ __global__ void __launch_bounds__(attention_warps * 32)
   const int ld = t.ld, lane = t.lane;
   const float *ks = t.ks, *vs = t.vs, *qs = t.qs;
   t.load(t.qs, q, s, h, dim);
-  float m[RPW], l[RPW], acc[RPW][DPL];
-#pragma unroll
-  for (int i = 0; i < RPW; ++i) {
-    m[i] = -INFINITY, l[i] = 0.f;
-#pragma unroll
-    for (int e = 0; e < DPL; ++e) acc[i][e] = 0.f;
-  }
+  online_softmax_rows<RPW, DPL> st;
   t.over_key_tiles(k, v, s, kvh, dim, mask, [&](int i, index_t r, index_t vis, index_t t0, int nk) {
-    const bool valid = lane < nk && t0 + lane < vis;
-    const float sc = valid ? dot_row(qs + (r - t.r0) * dim, ks + lane * ld, dim) * scale : -INFINITY;
-    const float mx = warp_max(sc);  // lane 0's key is visible: finite
-    const float p = valid ? ops::exp(sc - mx) : 0.f;
-    const float ls = warp_sum(p);
-    float part[DPL] = {};
-    for (int j = 0; j < nk; ++j) {
-      const float pj = __shfl_sync(0xffffffffu, p, j);
-      const float* vr = vs + j * ld;
-#pragma unroll
-      for (int e = 0; e < DPL; ++e)
-        if (lane + 32 * e < dim) part[e] += pj * vr[lane + 32 * e];
-    }
-    float c1, c2;
-    math::online_softmax_merge(m[i], l[i], mx, ls, c1, c2);
-#pragma unroll
-    for (int e = 0; e < DPL; ++e) acc[i][e] = acc[i][e] * c1 + part[e] * c2;
+    online_softmax_tile<DPL>(qs + (r - t.r0) * dim, ks, vs, ld, nk, t0, vis, dim, scale, lane, st.m[i], st.l[i], st.acc[i]);
   });
 #pragma unroll
   for (int i = 0; i < RPW; ++i) {
     const index_t r = t.row(i);
     if (r >= t.r1) continue;
-    const float inv = 1.f / l[i];  // key 0 is visible to every row: l > 0
-    float* orow = out + ((t.b * s + r) * h + t.hh) * dim;
-#pragma unroll
-    for (int e = 0; e < DPL; ++e)
-      if (lane + 32 * e < dim) orow[lane + 32 * e] = acc[i][e] * inv;
-    if (lane == 0) lse[(t.b * h + t.hh) * s + r] = math::log_sum_exp(m[i], l[i]);
+    st.write(i, out + ((t.b * s + r) * h + t.hh) * dim, dim, lane);  // key 0 is visible to every row: l > 0
+    if (lane == 0) lse[(t.b * h + t.hh) * s + r] = math::log_sum_exp(st.m[i], st.l[i]);
   }
 }
 
