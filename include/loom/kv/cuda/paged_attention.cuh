@@ -1,7 +1,7 @@
 #pragma once
-// Paged attention on a CUDA device: the append of new keys/values to the paged pool and batch
-// decode over it, under the host's names (kv/paged_attention.hpp) with the cuda tag, the block
-// table as device arrays (paged_kv_csr_device) and a stream.
+// Paged attention on a CUDA device: the append of new keys/values to the paged pool, batch
+// prefill and batch decode over it, under the host's names (kv/paged_attention.hpp) with the
+// cuda tag, the block table as device arrays (paged_kv_csr_device) and a stream.
 //
 // Decode, as FlashInfer does it for long contexts (split-KV): the keys of a sequence are cut
 // into `splits` ranges; a block of `decode_warps` warps takes one (sequence, head, range), each
@@ -12,6 +12,10 @@
 // order by a second kernel (ops::math::online_softmax_merge, tested on the host against one
 // pass): no atomics, so the result is the same on every run. It differs from the host's
 // one-pass result only by the order of additions (the tests' tolerance says how much).
+//
+// Prefill (ragged query runs, decode rows among them) runs the training forward's tiles
+// (ops/cuda/attention.cuh) over keys gathered from the pages. Every kernel here also compiles
+// for host threads (tests/ops/cuda/emulation.hpp), where the CPU CI checks it against the host.
 //
 // Why splits: one (sequence, head) per block leaves most of a large GPU idle at small batch
 // and long context, the case decode is bandwidth-bound in; the split count grows with the

@@ -23,6 +23,8 @@
 //
 // Limits: fp32 operands, head_dim <= 256. Tensor-core tiles (bf16 mma) are the next step for
 // speed; this version is the reference the GPU trainer can run and test against the host.
+// The kernels also compile for host threads (tests/ops/cuda/emulation.hpp; the launch code
+// sits behind LOOM_CUDA_EMULATION), so the CPU CI checks them against the host's attention.
 
 #include <loom/core/device.hpp>
 #include <loom/core/tensor_view.hpp>
