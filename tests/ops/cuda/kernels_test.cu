@@ -414,6 +414,52 @@ TEST_CASE("paged prefill on the GPU equals the host's (ragged queries, causal an
                        doctest::Contains("sequence 0 has q_len=5 outside [0, kv_len=4]"), loom::error);
 }
 
+TEST_CASE("vocab-parallel cross-entropy steps on the GPU, over two halves of the vocabulary, give the full row's") {
+  const index_t n = 9, v = 32001, split = 16000;
+  const auto logits = random_vector<float>(std::size_t(n * v), 18, 3.f);
+  std::vector<std::int32_t> tgt{5, -100, 16000, 15999, 32000, 7, 0, 20000, 3};
+  std::vector<float> lse(static_cast<std::size_t>(n)), dl(logits.size());
+  const float loss = ops::cross_entropy_forward_backward(host{}, make_view(logits.data(), n, v), make_view(tgt.data(), n),
+                                                         make_view(lse.data(), n), make_view(dl.data(), n, v));
+  auto gt = upload(tgt);
+  struct half {
+    index_t first, width;
+    loom::buffer<float, loom::cuda> x, mx, sums, g;
+  };
+  std::vector<half> ranks;
+  for (auto [first, width] : {std::pair<index_t, index_t>{0, split}, {split, v - split}}) {
+    std::vector<float> part;
+    for (index_t i = 0; i < n; ++i) part.insert(part.end(), logits.begin() + i * v + first, logits.begin() + i * v + first + width);
+    ranks.push_back({first, width, upload(part), loom::buffer<float, loom::cuda>(std::size_t(n)),
+                     loom::buffer<float, loom::cuda>(std::size_t(2 * n)), upload(std::vector<float>(part.size(), 0.f))});
+  }
+  for (auto& r : ranks) ops::vocab_parallel_row_max(loom::cuda{}, cview(r.x, n, r.width), mview(r.mx, n));
+  const auto m0 = download(ranks[0].mx), m1 = download(ranks[1].mx);
+  std::vector<float> gmax(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < gmax.size(); ++i) gmax[i] = std::max(m0[i], m1[i]);
+  auto gmx = upload(gmax);
+  for (auto& r : ranks) ops::vocab_parallel_row_sums(loom::cuda{}, cview(r.x, n, r.width), cview(gt, n), r.first, cview(gmx, n), mview(r.sums, n, 2));
+  const auto s0 = download(ranks[0].sums), s1 = download(ranks[1].sums);
+  std::vector<float> full_lse(static_cast<std::size_t>(n));
+  double total = 0;
+  index_t counted = 0;
+  for (std::size_t i = 0; i < full_lse.size(); ++i) {
+    full_lse[i] = float(ops::math::log_sum_exp(double(gmax[i]), double(s0[2 * i]) + double(s1[2 * i])));
+    if (tgt[i] != -100) total += double(full_lse[i]) - double(s0[2 * i + 1]) - double(s1[2 * i + 1]), ++counted;
+  }
+  CHECK(std::abs(total / double(counted) - double(loss)) <= 1e-5 * std::abs(double(loss)));
+  require_close(full_lse, lse, rtol32, atol32, "vocab-parallel lse");
+  auto glse = upload(full_lse);
+  std::vector<float> got(dl.size());
+  for (auto& r : ranks) {
+    ops::vocab_parallel_backward(loom::cuda{}, cview(r.x, n, r.width), cview(gt, n), r.first, cview(glse, n), mview(r.g, n, r.width),
+                                 1.f / float(counted));
+    const auto g = download(r.g);
+    for (index_t i = 0; i < n; ++i) std::copy_n(g.begin() + i * r.width, r.width, got.begin() + i * v + r.first);
+  }
+  require_close(got, dl, rtol32, atol32, "vocab-parallel dlogits");
+}
+
 TEST_CASE("NF4 rows dequantised on the GPU equal the host's bit for bit (plain and double-quantised absmax, fp32 and bf16)") {
   const index_t rows = 48, cols = 192;
   auto w = random_vector<float>(std::size_t(rows * cols), 50, 0.05f);

@@ -29,6 +29,7 @@
 
 #include "ops/cuda/compare.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -188,4 +189,51 @@ TEST_CASE("the CUDA RoPE, SwiGLU and AdamW kernels, emulated on host threads, eq
   require_close(ep, p, rtol32, atol32, "adamw params");
   require_close(em, m, rtol32, atol32, "adamw exp_avg");
   require_close(ev, v, rtol32, 1e-9, "adamw exp_avg_sq");
+}
+
+TEST_CASE("the CUDA vocab-parallel cross-entropy steps, emulated on two ranks' halves, give the full row's loss and gradient") {
+  const index_t n = 7, v = 700, split = 330;  // rank 0 holds [0, 330), rank 1 [330, 700)
+  const auto logits = random_vector(std::size_t(n * v), 17, 3.f);
+  std::vector<std::int32_t> tgt{5, -100, 400, 329, 330, 699, 12};
+  std::vector<float> lse(static_cast<std::size_t>(n)), dl(logits.size());
+  const float loss = ops::cross_entropy_forward_backward(host{}, make_view(logits.data(), n, v), make_view(tgt.data(), n),
+                                                         make_view(lse.data(), n), make_view(dl.data(), n, v));
+  const std::int64_t ignore = ops::cross_entropy_options{}.ignore_index;
+  const index_t first[2] = {0, split}, width[2] = {split, v - split};
+  std::vector<float> local[2], mx[2], sums[2];
+  for (int r = 0; r < 2; ++r) {  // each rank's columns, its row maxima
+    for (index_t i = 0; i < n; ++i)
+      local[r].insert(local[r].end(), logits.begin() + i * v + first[r], logits.begin() + i * v + first[r] + width[r]);
+    mx[r].assign(std::size_t(n), -9.f);
+    emulate_launch(kernels::vocab_parallel_row_max<float>, rows(n), rows_block, static_cast<const float*>(local[r].data()),
+                   width[r], mx[r].data());
+  }
+  std::vector<float> gmax(static_cast<std::size_t>(n));  // the all-reduce (max)
+  for (std::size_t i = 0; i < gmax.size(); ++i) gmax[i] = std::max(mx[0][i], mx[1][i]);
+  for (int r = 0; r < 2; ++r) {
+    sums[r].assign(std::size_t(2 * n), -9.f);
+    emulate_launch(kernels::vocab_parallel_row_sums<float, std::int32_t>, rows(n), rows_block,
+                   static_cast<const float*>(local[r].data()), static_cast<const std::int32_t*>(tgt.data()), width[r], first[r],
+                   static_cast<const float*>(gmax.data()), sums[r].data(), ignore);
+  }
+  std::vector<float> e_lse(static_cast<std::size_t>(n));  // the all-reduce (sum), then the layer's log-sum-exp and mean
+  double eloss = 0;
+  index_t counted = 0;
+  for (index_t i = 0; i < n; ++i) {
+    const auto k = std::size_t(i);
+    e_lse[k] = float(ops::math::log_sum_exp(double(gmax[k]), double(sums[0][2 * k]) + double(sums[1][2 * k])));
+    if (tgt[k] != ignore) eloss += double(e_lse[k]) - (double(sums[0][2 * k + 1]) + double(sums[1][2 * k + 1])), ++counted;
+  }
+  CHECK(std::abs(eloss / double(counted) - double(loss)) <= 1e-5 * std::abs(double(loss)));
+  require_close(e_lse, lse, rtol32, atol32, "vocab-parallel lse");
+  std::vector<float> edl(dl.size());
+  for (int r = 0; r < 2; ++r) {
+    std::vector<float> g(local[r].size(), 0.f);
+    emulate_launch(kernels::vocab_parallel_backward<float, std::int32_t>, rows(n), rows_block,
+                   static_cast<const float*>(local[r].data()), static_cast<const std::int32_t*>(tgt.data()),
+                   static_cast<const float*>(e_lse.data()), g.data(), width[r], first[r], 1.f / float(counted), ignore);
+    for (index_t i = 0; i < n; ++i)
+      std::copy_n(g.begin() + i * width[r], width[r], edl.begin() + i * v + first[r]);
+  }
+  require_close(edl, dl, rtol32, atol32, "vocab-parallel dlogits");
 }

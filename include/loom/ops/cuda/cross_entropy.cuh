@@ -19,7 +19,9 @@
 #include <loom/ops/math/softmax.hpp>
 
 #include <concepts>
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
 #include <loom/core/buffer.hpp>
@@ -103,6 +105,56 @@ __global__ void __launch_bounds__(row_block)
     }
     T gj = accumulate ? g[j] + math::cross_entropy_grad(x[j], l, scale) : math::cross_entropy_grad(x[j], l, scale);
     if (j == t) gj -= scale;
+    g[j] = gj;
+  }
+}
+
+// Vocab-parallel cross-entropy (nn/tp/cross_entropy.hpp's steps, on the device): this rank
+// holds columns [first, first + vl) of every row; the caller all-reduces what each step makes
+// (the row maxima, then the sums and target logits) and forms lse = max + log(sum) between them.
+
+/// One block per row: the row's largest local logit (-inf for an empty shard).
+template <class T>
+__global__ void __launch_bounds__(row_block)
+    vocab_parallel_row_max(const T* __restrict__ logits, index_t vl, T* __restrict__ row_max) {
+  const T* x = logits + blockIdx.x * vl;
+  T mx = -INFINITY;
+  for (index_t j = threadIdx.x; j < vl; j += row_block) mx = x[j] > mx ? x[j] : mx;
+  mx = block_max(mx);
+  if (threadIdx.x == 0) row_max[blockIdx.x] = mx;
+}
+
+/// One block per row: sums[2 row] = sum_j e^(x_j - row_max) over the local columns,
+/// sums[2 row + 1] = the target's logit when this rank holds it (else 0).
+template <class T, class Tgt>
+__global__ void __launch_bounds__(row_block)
+    vocab_parallel_row_sums(const T* __restrict__ logits, const Tgt* __restrict__ targets, index_t vl, index_t first,
+                            const T* __restrict__ row_max, T* __restrict__ sums, std::int64_t ignore) {
+  const T* x = logits + blockIdx.x * vl;
+  const T m = row_max[blockIdx.x];
+  T s = 0;
+  for (index_t j = threadIdx.x; j < vl; j += row_block) s += ops::exp(x[j] - m);
+  s = block_sum(s);
+  if (threadIdx.x != 0) return;
+  const auto t = static_cast<std::int64_t>(targets[blockIdx.x]);
+  sums[2 * blockIdx.x] = s;
+  sums[2 * blockIdx.x + 1] = t != ignore && t >= first && t < first + vl ? x[t - first] : T(0);
+}
+
+/// One block per row: dlogits_local += scale (softmax - onehot(target)) over the local
+/// columns (rows whose target is ignore_index untouched); lse from the all-reduced sums.
+template <class T, class Tgt>
+__global__ void __launch_bounds__(row_block)
+    vocab_parallel_backward(const T* __restrict__ logits, const Tgt* __restrict__ targets, const T* __restrict__ lse,
+                            T* __restrict__ dlogits, index_t vl, index_t first, T scale, std::int64_t ignore) {
+  const auto t = static_cast<std::int64_t>(targets[blockIdx.x]);
+  if (t == ignore) return;  // the whole block
+  const T* x = logits + blockIdx.x * vl;
+  T* g = dlogits + blockIdx.x * vl;
+  const T l = lse[blockIdx.x];
+  for (index_t j = threadIdx.x; j < vl; j += row_block) {
+    T gj = g[j] + math::cross_entropy_grad(x[j], l, scale);
+    if (j == t - first) gj -= scale;
     g[j] = gj;
   }
 }
@@ -200,6 +252,67 @@ void cross_entropy_backward(cuda, device_in_view<T, 2> logits, tensor_view<Tgt, 
   detail::count_targets(targets, v, opt.ignore_index, ws, stream);
   kernels::cross_entropy_backward<<<static_cast<unsigned>(n), kernels::row_block, 0, stream>>>(
       logits.data(), targets.data(), lse.data(), dlogits.data(), ws.stats.data(), v, dloss, opt.ignore_index, accumulate);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+/// The vocab-parallel steps (kernels above; nn/tp/cross_entropy.hpp composes them with its
+/// all-reduces): logits_local [rows, vl] are columns [first, first + vl) of the vocabulary.
+/// row_max [rows] = each row's local maximum. Asynchronous.
+template <compute_type T>
+void vocab_parallel_row_max(cuda, device_in_view<T, 2> logits_local, tensor_view<T, cuda, 1> row_max,
+                            cudaStream_t stream = nullptr) {
+  const char* fn = "ops::vocab_parallel_row_max(cuda)";
+  const index_t n = logits_local.extent(0);
+  detail::require_contiguous(logits_local, fn, "logits_local");
+  detail::require_shape(row_max, extents<1>{n}, fn, "row_max");
+  LOOM_CHECK(n <= kernels::grid_cap, fn, ": rows=", n, " above the supported ", kernels::grid_cap);
+  if (n == 0) return;
+  kernels::vocab_parallel_row_max<<<static_cast<unsigned>(n), kernels::row_block, 0, stream>>>(
+      logits_local.data(), logits_local.extent(1), row_max.data());
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+/// sums [rows, 2] = (sum_j e^(x_j - row_max), the target's logit if held here, else 0), with
+/// row_max the all-reduced maximum. Targets are not checked here (the layer counts them).
+template <compute_type T, class Tgt>
+  requires std::integral<std::remove_const_t<Tgt>>
+void vocab_parallel_row_sums(cuda, device_in_view<T, 2> logits_local, tensor_view<Tgt, cuda, 1> targets, index_t first,
+                             device_in_view<T, 1> row_max, tensor_view<T, cuda, 2> sums, cross_entropy_options opt = {},
+                             cudaStream_t stream = nullptr) {
+  const char* fn = "ops::vocab_parallel_row_sums(cuda)";
+  const index_t n = logits_local.extent(0);
+  detail::require_contiguous(logits_local, fn, "logits_local");
+  detail::require_shape(targets, extents<1>{n}, fn, "targets");
+  detail::require_shape(row_max, extents<1>{n}, fn, "row_max");
+  detail::require_shape(sums, extents<2>{n, 2}, fn, "sums");
+  detail::require_contiguous(sums, fn, "sums");
+  LOOM_CHECK(first >= 0, fn, ": first must be >= 0, got first=", first);
+  LOOM_CHECK(n <= kernels::grid_cap, fn, ": rows=", n, " above the supported ", kernels::grid_cap);
+  if (n == 0) return;
+  kernels::vocab_parallel_row_sums<<<static_cast<unsigned>(n), kernels::row_block, 0, stream>>>(
+      logits_local.data(), targets.data(), logits_local.extent(1), first, row_max.data(), sums.data(), opt.ignore_index);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
+
+/// dlogits_local += scale (softmax - onehot(target)) on this rank's columns, lse [rows] the
+/// full rows' log-sum-exp (scale: dloss / counted targets). Asynchronous.
+template <compute_type T, class Tgt>
+  requires std::integral<std::remove_const_t<Tgt>>
+void vocab_parallel_backward(cuda, device_in_view<T, 2> logits_local, tensor_view<Tgt, cuda, 1> targets, index_t first,
+                             device_in_view<T, 1> lse, tensor_view<T, cuda, 2> dlogits_local, T scale,
+                             cross_entropy_options opt = {}, cudaStream_t stream = nullptr) {
+  const char* fn = "ops::vocab_parallel_backward(cuda)";
+  const index_t n = logits_local.extent(0);
+  detail::require_contiguous(logits_local, fn, "logits_local");
+  detail::require_shape(targets, extents<1>{n}, fn, "targets");
+  detail::require_shape(lse, extents<1>{n}, fn, "lse");
+  detail::require_shape(dlogits_local, logits_local.shape(), fn, "dlogits_local");
+  detail::require_contiguous(dlogits_local, fn, "dlogits_local");
+  LOOM_CHECK(n <= kernels::grid_cap, fn, ": rows=", n, " above the supported ", kernels::grid_cap);
+  if (n == 0) return;
+  kernels::vocab_parallel_backward<<<static_cast<unsigned>(n), kernels::row_block, 0, stream>>>(
+      logits_local.data(), targets.data(), lse.data(), dlogits_local.data(), logits_local.extent(1), first, scale,
+      opt.ignore_index);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
