@@ -118,30 +118,43 @@ void bench_gemm(const options& o, const loom::ops::cublas_handle& h, index_t m, 
       2.0 * double(m) * double(k) * double(n) / (ms * 1e-3) / 1e12, "TFLOP/s", peak);
 }
 
+/// The paged-attention benchmarks' pool: `batch` sequences of `len` tokens in 16-token pages
+/// of a bf16 pool with 8 kv heads of 128, each sequence's pages interleaved with the others'.
+struct interleaved_pool {
+  static constexpr std::int64_t heads = 32, kv_heads = 8, dim = 128;
+  static constexpr std::int32_t block_size = 16;
+  loom::kv::paged_kv_csr_device csr;
+  loom::buffer<loom::bfloat16, loom::cuda> cache;
+  loom::tensor_view<loom::bfloat16, loom::cuda, 5> view;
+
+  interleaved_pool(std::int32_t batch, std::int64_t len) : cache(0) {
+    const std::int64_t pages = (len + block_size - 1) / block_size;
+    const auto num_blocks = static_cast<std::int32_t>(pages * batch);
+    loom::kv::paged_kv_csr host;
+    host.block_size = block_size;
+    host.clear();
+    for (std::int32_t b = 0; b < batch; ++b) {
+      for (std::int64_t p = 0; p < pages; ++p) host.indices.push_back(static_cast<std::int32_t>(p * batch + b));
+      host.indptr.push_back(static_cast<std::int32_t>(host.indices.size()));
+      host.last_page_len.push_back(static_cast<std::int32_t>(len - (pages - 1) * block_size));
+    }
+    csr.upload(host);
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());  // `host` goes out of scope
+    cache = filled<loom::bfloat16>(std::size_t(num_blocks) * 2 * std::size_t(block_size * kv_heads * dim), 0.01f);
+    view = {cache.data(), loom::extents<5>{num_blocks, 2, block_size, kv_heads, dim}};
+  }
+};
+
 void bench_decode(const options& o, std::int32_t batch, std::int64_t kv_len) {
   namespace kv = loom::kv;
-  const std::int64_t nh = 32, hk = 8, dim = 128;
-  const std::int32_t bs = 16;
-  const std::int64_t pages_per_seq = (kv_len + bs - 1) / bs;
-  const auto num_blocks = static_cast<std::int32_t>(pages_per_seq * batch);
-  kv::paged_kv_csr csr;
-  csr.block_size = bs;
-  csr.clear();
-  for (std::int32_t b = 0; b < batch; ++b) {  // sequence b's pages, interleaved with the others'
-    for (std::int64_t p = 0; p < pages_per_seq; ++p) csr.indices.push_back(static_cast<std::int32_t>(p * batch + b));
-    csr.indptr.push_back(static_cast<std::int32_t>(csr.indices.size()));
-    csr.last_page_len.push_back(static_cast<std::int32_t>(kv_len - (pages_per_seq - 1) * bs));
-  }
-  kv::paged_kv_csr_device dcsr;
-  dcsr.upload(csr);
-  auto cache = filled<loom::bfloat16>(std::size_t(num_blocks) * 2 * std::size_t(bs * hk * dim), 0.01f);
-  auto q = filled<float>(std::size_t(batch * nh * dim), 0.1f), out = filled<float>(q.size(), 0.f);
+  using P = interleaved_pool;
+  P pool(batch, kv_len);
+  auto q = filled<float>(std::size_t(batch * P::heads * P::dim), 0.1f), out = filled<float>(q.size(), 0.f);
   kv::decode_workspace ws;
-  const loom::tensor_view<loom::bfloat16, loom::cuda, 5> cv(cache.data(), loom::extents<5>{num_blocks, 2, bs, hk, dim});
-  const loom::tensor_view<const float, loom::cuda, 3> qv(q.data(), loom::extents<3>{batch, nh, dim});
-  const loom::tensor_view<float, loom::cuda, 3> ov(out.data(), loom::extents<3>{batch, nh, dim});
-  const double ms = median_ms(o.reps, [&] { kv::batch_decode_with_paged_kv_cache(loom::cuda{}, qv, cv, dcsr, ov, ws); });
-  const double bytes = double(batch) * double(kv_len) * double(hk * dim) * 2.0 * sizeof(loom::bfloat16);
+  const loom::tensor_view<const float, loom::cuda, 3> qv(q.data(), loom::extents<3>{batch, P::heads, P::dim});
+  const loom::tensor_view<float, loom::cuda, 3> ov(out.data(), loom::extents<3>{batch, P::heads, P::dim});
+  const double ms = median_ms(o.reps, [&] { kv::batch_decode_with_paged_kv_cache(loom::cuda{}, qv, pool.view, pool.csr, ov, ws); });
+  const double bytes = double(batch) * double(kv_len) * double(P::kv_heads * P::dim) * 2.0 * sizeof(loom::bfloat16);
   row("paged decode (bf16 pool, 32 q / 8 kv heads, head_dim 128)",
       "batch " + std::to_string(batch) + ", kv_len " + std::to_string(kv_len), ms, bytes / (ms * 1e-3) / 1e9, "GB/s",
       o.peak_gbs);
@@ -175,30 +188,17 @@ void bench_attention(const options& o, index_t batch, index_t seq) {
 
 void bench_prefill(const options& o, std::int32_t batch, std::int64_t len) {
   namespace kv = loom::kv;
-  const std::int64_t nh = 32, hk = 8, dim = 128;
-  const std::int32_t bs = 16;
-  const std::int64_t pages_per_seq = (len + bs - 1) / bs;
-  const auto num_blocks = static_cast<std::int32_t>(pages_per_seq * batch);
-  kv::paged_kv_csr csr;
-  csr.block_size = bs;
-  csr.clear();
+  using P = interleaved_pool;
+  P pool(batch, len);
   std::vector<std::int32_t> qo_indptr{0};
-  for (std::int32_t b = 0; b < batch; ++b) {
-    for (std::int64_t p = 0; p < pages_per_seq; ++p) csr.indices.push_back(static_cast<std::int32_t>(p * batch + b));
-    csr.indptr.push_back(static_cast<std::int32_t>(csr.indices.size()));
-    csr.last_page_len.push_back(static_cast<std::int32_t>(len - (pages_per_seq - 1) * bs));
-    qo_indptr.push_back(static_cast<std::int32_t>((b + 1) * len));
-  }
-  kv::paged_kv_csr_device dcsr;
-  dcsr.upload(csr);
+  for (std::int32_t b = 0; b < batch; ++b) qo_indptr.push_back(static_cast<std::int32_t>((b + 1) * len));
   kv::prefill_workspace ws;
-  auto cache = filled<loom::bfloat16>(std::size_t(num_blocks) * 2 * std::size_t(bs * hk * dim), 0.01f);
-  auto q = filled<float>(std::size_t(batch * len * nh * dim), 0.1f), out = filled<float>(q.size(), 0.f);
-  const loom::tensor_view<loom::bfloat16, loom::cuda, 5> cv(cache.data(), loom::extents<5>{num_blocks, 2, bs, hk, dim});
-  const loom::tensor_view<const float, loom::cuda, 3> qv(q.data(), loom::extents<3>{batch * len, nh, dim});
-  const loom::tensor_view<float, loom::cuda, 3> ov(out.data(), loom::extents<3>{batch * len, nh, dim});
-  const double ms = median_ms(o.reps, [&] { kv::batch_prefill_with_paged_kv_cache(loom::cuda{}, qv, qo_indptr, cv, dcsr, ov, ws); });
-  const double flops = 4.0 * double(batch) * double(nh) * double(len) * double(len) / 2 * double(dim);  // causal
+  auto q = filled<float>(std::size_t(batch * len * P::heads * P::dim), 0.1f), out = filled<float>(q.size(), 0.f);
+  const loom::tensor_view<const float, loom::cuda, 3> qv(q.data(), loom::extents<3>{batch * len, P::heads, P::dim});
+  const loom::tensor_view<float, loom::cuda, 3> ov(out.data(), loom::extents<3>{batch * len, P::heads, P::dim});
+  const double ms =
+      median_ms(o.reps, [&] { kv::batch_prefill_with_paged_kv_cache(loom::cuda{}, qv, qo_indptr, pool.view, pool.csr, ov, ws); });
+  const double flops = 4.0 * double(batch) * double(P::heads) * double(len) * double(len) / 2 * double(P::dim);  // causal
   row("paged prefill (bf16 pool, 32 q / 8 kv heads, head_dim 128)",
       "batch " + std::to_string(batch) + ", prompt " + std::to_string(len), ms, flops / (ms * 1e-3) / 1e12, "TFLOP/s",
       o.peak_tflops_fp32);

@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(decode_warps * 32)
       const int d = lane + 32 * i;
       if (d < dim) part += qv[i] * ops::load<float>(key[d]);
     }
-    for (int o = 16; o > 0; o /= 2) part += __shfl_xor_sync(0xffffffffu, part, o);
+    part = ops::kernels::warp_sum(part);
     float p, c;
     if (ops::math::online_softmax_push(part * scale, m, l, p, c))
       for (int i = 0; i < max_dim_per_lane; ++i) acc[i] *= c;
@@ -239,8 +239,12 @@ inline ops::kernels::attention_launch prefill_launch(std::int32_t batch, std::in
 struct paged_kv_csr_device {
   buffer<std::int32_t, cuda> indptr, indices, last_page_len;
   std::int32_t batch = 0, block_size = 16;
-  std::int64_t max_kv_len = 0;  ///< the longest sequence: sizes the split-KV grid
-  std::vector<std::int64_t> kv_lens;  ///< each sequence's keys (host copy, for the argument checks)
+  std::vector<std::int64_t> kv_lens;  ///< each sequence's keys (host copy: the argument checks, the split-KV grid)
+
+  /// The longest sequence (0 for an empty batch).
+  std::int64_t max_kv_len() const noexcept {
+    return kv_lens.empty() ? 0 : *std::max_element(kv_lens.begin(), kv_lens.end());
+  }
 
   explicit paged_kv_csr_device(memory_resource& r = default_resource<cuda>())
       : indptr(0, r), indices(0, r), last_page_len(0, r), mr_(&r) {}
@@ -252,8 +256,7 @@ struct paged_kv_csr_device {
                csr.indptr.size(), " entries for a batch of ", csr.batch());
     batch = csr.batch(), block_size = csr.block_size;
     kv_lens.resize(static_cast<std::size_t>(batch));
-    max_kv_len = 0;
-    for (std::int32_t b = 0; b < batch; ++b) kv_lens[std::size_t(b)] = csr.kv_len(b), max_kv_len = std::max(max_kv_len, csr.kv_len(b));
+    for (std::int32_t b = 0; b < batch; ++b) kv_lens[std::size_t(b)] = csr.kv_len(b);
     copy(indptr, csr.indptr, stream), copy(indices, csr.indices, stream), copy(last_page_len, csr.last_page_len, stream);
   }
 
@@ -342,7 +345,7 @@ void batch_decode_with_paged_kv_cache(cuda, tensor_view<const float, cuda, 3> q,
              " must each be at most 65535 (grid dimensions)");
   if (csr.batch == 0) return;
   const float scale = params.sm_scale > 0.f ? params.sm_scale : 1.f / std::sqrt(static_cast<float>(dim));
-  const std::int64_t splits = kernels::decode_splits(csr.max_kv_len);
+  const std::int64_t splits = kernels::decode_splits(csr.max_kv_len());
   if (splits > 1) ws.reserve(static_cast<std::int64_t>(csr.batch) * nh * splits, dim);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(nh), static_cast<unsigned>(csr.batch));
   kernels::decode_split<<<grid, kernels::decode_warps * 32, 0, stream>>>(
