@@ -1,32 +1,45 @@
 #pragma once
-// A CUDA block on host threads, so that a kernel's logic (indexing, masks, tiles, warp
+// A CUDA block on one host thread, so that a kernel's logic (indexing, masks, tiles, warp
 // reductions, barriers) is tested by the CPU CI, which has no GPU. Include this first, then a
 // .cuh whose kernels are written for it (its launch code sits behind
-// `#if !defined(LOOM_CUDA_EMULATION)`), and run a kernel with emulate_launch: one std::thread a
-// CUDA thread; the block's threads run the grid's blocks one after another, a barrier between
-// blocks; __syncthreads is a barrier of the block's threads; the warp intrinsics exchange
-// values through a per-warp array between two barriers of its 32 threads (every lane must
-// reach them, as with a full mask on a GPU); `__shared__` arrays are static (one per kernel,
-// shared by the block's threads) and dynamic shared memory (LOOM_DYNAMIC_SHARED_FLOATS, see
-// ops/cuda/launch.hpp) is one array of dynamic_shared_bytes.
+// `#if !defined(LOOM_CUDA_EMULATION)`), and run a kernel with emulate_launch: a CUDA thread is
+// a fiber (ucontext) with its own stack, and a scheduler resumes the block's fibers in
+// thread order, each until it waits; __syncthreads is a barrier of the block's threads; the
+// warp intrinsics exchange values through a per-warp array between two barriers of its 32
+// threads (every lane must reach them, as with a full mask on a GPU); the grid's blocks run
+// one after another; `__shared__` arrays are static (one per kernel, shared by the block's
+// threads) and dynamic shared memory (LOOM_DYNAMIC_SHARED_FLOATS, see ops/cuda/launch.hpp)
+// is one array of dynamic_shared_bytes. Threads that wait at different barriers forever (a
+// __syncthreads inside a branch not every thread takes) end the launch with an exception
+// instead of a hang.
+// Why fibers rather than a std::thread per CUDA thread: every shuffle is two barriers of 32
+// threads, and switching fibers costs a fraction of waking OS threads (docs/cuda.md).
 // What it cannot show: races the GPU's memory model allows but these barriers order,
 // performance, and anything of a real device (register spills, shared-memory limits).
 
 #define LOOM_CUDA_EMULATION 1
 
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstddef>
-#include <deque>
-#include <thread>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
-inline thread_local dim3 threadIdx, blockIdx;
-inline dim3 blockDim, gridDim;
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #define __global__
 #define __device__
@@ -41,13 +54,132 @@ inline float* dynamic_shared_floats() {
   return memory;
 }
 
+// ---- Switching stacks ------------------------------------------------------------------
+// x86-64: a switch saves the callee-saved registers on the stack it leaves and restores them
+// from the one it enters (no system call; glibc's swapcontext also saves the signal mask, a
+// system call a switch, which made fibers no faster than threads). Elsewhere: ucontext.
+#if defined(__x86_64__)
+extern "C" void loom_emulation_switch(void** save_sp, void* next_sp);
+asm(R"(
+  .pushsection .text
+  .weak loom_emulation_switch
+  .type loom_emulation_switch, @function
+loom_emulation_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size loom_emulation_switch, .-loom_emulation_switch
+  .popsection
+)");
+struct fiber_context {
+  void* sp = nullptr;
+};
+/// A context that starts `entry` on [stack, stack + bytes): the frame loom_emulation_switch
+/// pops (six registers, then the return address: entry), above it entry's own return slot.
+inline void make_fiber(fiber_context& c, char* stack, std::size_t bytes, void (*entry)()) {
+  auto top = reinterpret_cast<std::uintptr_t>(stack + bytes) & ~std::uintptr_t(15);
+  auto* frame = reinterpret_cast<void**>(top) - 8;  // 6 registers, entry, a null return address
+  for (int r = 0; r < 6; ++r) frame[r] = nullptr;
+  frame[6] = reinterpret_cast<void*>(entry);
+  frame[7] = nullptr;
+  c.sp = frame;
+}
+inline void switch_fiber(fiber_context& from, fiber_context& to) { loom_emulation_switch(&from.sp, to.sp); }
+#else
+struct fiber_context {
+  ucontext_t uc{};
+};
+inline void make_fiber(fiber_context& c, char* stack, std::size_t bytes, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;  // a fiber never returns from entry: it switches back for good
+  makecontext(&c.uc, entry, 0);
+}
+inline void switch_fiber(fiber_context& from, fiber_context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
+/// The fibers of the block being run and the scheduler's context they return to.
+struct block_fibers {
+  fiber_context scheduler{};
+  std::vector<fiber_context> context;
+  char* stacks = nullptr;
+  std::size_t stack_bytes = 0;
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer follows the switches (its fake stacks and the stack bounds it checks).
+  const void* scheduler_bottom = nullptr;
+  std::size_t scheduler_size = 0;
+  std::vector<void*> fake_stack;
+#endif
+  std::vector<char> finished;
+  std::function<void()> body;  // the kernel call, the same for every thread of the grid
+  unsigned current = 0;
+  std::uint64_t progress = 0;  // arrivals and finishes: unchanged over a whole round = deadlock
+};
+inline block_fibers* this_block = nullptr;
+
+/// Leaves fiber `current` for the scheduler (finished: for good).
+inline void to_scheduler(bool finished = false) {
+  auto* b = this_block;
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(finished ? nullptr : &b->fake_stack[b->current], b->scheduler_bottom, b->scheduler_size);
+#else
+  (void)finished;
+#endif
+  switch_fiber(b->context[b->current], b->scheduler);
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(b->fake_stack[b->current], &b->scheduler_bottom, &b->scheduler_size);
+#endif
+}
+/// Resumes fiber t from the scheduler.
+inline void to_fiber(unsigned t) {
+  auto* b = this_block;
+  b->current = t;
+#if defined(__SANITIZE_ADDRESS__)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, b->stacks + t * b->stack_bytes, b->stack_bytes);
+#endif
+  switch_fiber(b->scheduler, b->context[t]);
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+inline void yield() { to_scheduler(); }
+
+/// A barrier of `expected` fibers: the last to arrive goes on, the others yield until it has.
+struct barrier {
+  unsigned expected, arrived = 0;
+  std::uint64_t generation = 0;
+  void arrive_and_wait() {
+    const auto g = generation;
+    ++this_block->progress;
+    if (++arrived == expected) {
+      arrived = 0, ++generation;
+      return;
+    }
+    while (generation == g) yield();
+  }
+};
+
 struct warp_lanes {
-  std::barrier<> meet{32};
+  barrier meet{32};
   float f[32];
   int i[32];
 };
-inline thread_local warp_lanes* this_warp = nullptr;
-inline std::barrier<>* this_block = nullptr;
+inline warp_lanes* this_warp = nullptr;
+inline barrier* block_barrier = nullptr;
 
 /// All 32 lanes publish v, then each reads lane `from(lane)`'s value.
 template <class F>
@@ -63,7 +195,7 @@ inline float exchange(float v, F&& from) {
 
 using std::isfinite;  // CUDA's device isfinite is a global function
 
-inline void __syncthreads() { loom::emulation::this_block->arrive_and_wait(); }
+inline void __syncthreads() { loom::emulation::block_barrier->arrive_and_wait(); }
 inline float __shfl_sync(unsigned, float v, int src) {
   return loom::emulation::exchange(v, [&](unsigned) { return static_cast<unsigned>(src); });
 }
@@ -81,35 +213,70 @@ inline int __any_sync(unsigned, int p) {
 }
 
 inline unsigned long long atomicMin(unsigned long long* address, unsigned long long value) {
-  std::atomic_ref<unsigned long long> a(*address);
-  unsigned long long old = a.load();
-  while (value < old && !a.compare_exchange_weak(old, value)) {
-  }
+  unsigned long long old = *address;  // one host thread runs every fiber: no other writer
+  if (value < old) *address = value;
   return old;
 }
 
 namespace loom::emulation {
-/// kernel<<<grid, threads>>>(args...) on `threads` host threads (a multiple of 32), the
-/// blocks in x, then y, then z order; returns when the whole grid has run.
+/// Stack of each fiber: kernels keep a few registers' worth of locals; the margin is for
+/// sanitizer and -O0 builds.
+inline constexpr std::size_t fiber_stack_bytes = std::size_t(256) << 10;
+
+[[noreturn]] inline void fiber_entry() {
+  auto* b = this_block;
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(nullptr, &b->scheduler_bottom, &b->scheduler_size);
+#endif
+  b->body();
+  b->finished[b->current] = 1;
+  ++b->progress;
+  to_scheduler(/*finished=*/true);
+  __builtin_unreachable();  // the scheduler never resumes a finished fiber
+}
+
+/// kernel<<<grid, threads>>>(args...) on `threads` fibers (a multiple of 32) of this thread,
+/// the blocks in x, then y, then z order; returns when the whole grid has run.
 template <class... P, class... A>
 void emulate_launch(void (*kernel)(P...), dim3 grid, unsigned threads, A... args) {
+  if (threads == 0 || threads % 32 != 0)
+    throw std::invalid_argument("emulate_launch: threads must be a positive multiple of 32, got " +
+                                std::to_string(threads));
   gridDim = grid, blockDim = {threads, 1, 1};
-  std::barrier<> block(static_cast<std::ptrdiff_t>(threads));
-  std::deque<warp_lanes> warps(threads / 32);
-  this_block = &block;
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      threadIdx = {t, 0, 0};
-      this_warp = &warps[t / 32];
-      for (unsigned z = 0; z < grid.z; ++z)
-        for (unsigned y = 0; y < grid.y; ++y)
-          for (unsigned x = 0; x < grid.x; ++x) {
-            blockIdx = {x, y, z};
-            kernel(args...);
-            block.arrive_and_wait();  // shared memory is the next block's only after every thread is done
+  block_fibers fibers;
+  fibers.context.resize(threads);
+  fibers.finished.resize(threads);
+  fibers.body = [&] { kernel(args...); };
+  const std::unique_ptr<char[]> stacks(new char[threads * fiber_stack_bytes]);  // untouched pages stay unmapped
+  fibers.stacks = stacks.get(), fibers.stack_bytes = fiber_stack_bytes;
+#if defined(__SANITIZE_ADDRESS__)
+  fibers.fake_stack.resize(threads);
+#endif
+  std::vector<warp_lanes> warps(threads / 32);
+  barrier block{threads};
+  this_block = &fibers, block_barrier = &block;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        blockIdx = {x, y, z};
+        for (unsigned t = 0; t < threads; ++t) {
+          make_fiber(fibers.context[t], fibers.stacks + t * fiber_stack_bytes, fiber_stack_bytes, fiber_entry);
+          fibers.finished[t] = 0;
+        }
+        for (unsigned live = threads; live > 0;) {
+          const auto before = fibers.progress;
+          for (unsigned t = 0; t < threads; ++t) {
+            if (fibers.finished[t]) continue;
+            threadIdx = {t, 0, 0};
+            this_warp = &warps[t / 32];
+            to_fiber(t);
+            live -= fibers.finished[t];
           }
-    });
-  for (auto& th : pool) th.join();
+          if (live > 0 && fibers.progress == before)
+            throw std::logic_error("emulate_launch: the block's threads wait at different barriers (deadlock) in block (" +
+                                   std::to_string(x) + ", " + std::to_string(y) + ", " + std::to_string(z) + ")");
+        }
+      }
+  this_block = nullptr, block_barrier = nullptr, this_warp = nullptr;
 }
 }  // namespace loom::emulation
