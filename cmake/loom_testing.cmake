@@ -1,9 +1,12 @@
-# loom_add_test(<name> SOURCES ... [LIBS ...] [LABELS ...] [NP n...] [ARGS ...] [MPI] [GPU] [TIMEOUT s])
+# loom_add_test(<name> SOURCES ... [LIBS ...] [LABELS ...] [NP n...] [ARGS ...] [MPI] [GPU] [EMULATED] [TIMEOUT s])
 #
 # One doctest executable registered as one CTest test (every test has a timeout: nothing may
 # hang CI). MPI: the executable uses the MPI test main (tests/support/mpi_main.cpp) and is
 # registered once per NP value as `<name>.np<N>` under mpirun. GPU: the test main exits 77
 # (reported as skipped) when no CUDA device is present; the test carries the label `gpu`.
+# EMULATED: CUDA code compiled by g++ for the CPU (tests/ops/cuda/emulation.hpp): the emulated
+# runtime's headers (tests/ops/cuda/emulated_runtime) come first on the include path, and
+# nvcc's `#pragma unroll` is not a warning.
 
 find_package(doctest REQUIRED)
 
@@ -94,7 +97,7 @@ function(loom_test_torch_oracle target)
 endfunction()
 
 function(loom_add_test name)
-  cmake_parse_arguments(T "MPI;GPU" "TIMEOUT" "SOURCES;LIBS;LABELS;NP;ARGS" ${ARGN})
+  cmake_parse_arguments(T "MPI;GPU;EMULATED" "TIMEOUT" "SOURCES;LIBS;LABELS;NP;ARGS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT ${LOOM_TEST_TIMEOUT})
   endif()
@@ -120,6 +123,10 @@ function(loom_add_test name)
   endif()
   target_link_libraries(${name} PRIVATE ${main} loom::loom doctest::doctest loom_warnings ${T_LIBS})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)  # <support/...>
+  if(T_EMULATED)
+    target_include_directories(${name} BEFORE PRIVATE ${PROJECT_SOURCE_DIR}/tests/ops/cuda/emulated_runtime)
+    target_compile_options(${name} PRIVATE -Wno-unknown-pragmas)
+  endif()
   if(NOT T_GPU)  # nvcc takes no precompiled header
     loom_use_test_pch(${name})
   else()

@@ -38,6 +38,7 @@
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 
@@ -235,10 +236,10 @@ inline constexpr std::size_t fiber_stack_bytes = std::size_t(256) << 10;
   __builtin_unreachable();  // the scheduler never resumes a finished fiber
 }
 
-/// kernel<<<grid, threads>>>(args...) on `threads` fibers (a multiple of 32) of this thread,
-/// the blocks in x, then y, then z order; returns when the whole grid has run.
-template <class... P, class... A>
-void emulate_launch(void (*kernel)(P...), dim3 grid, unsigned threads, A... args) {
+/// body() as the code of each of `threads` fibers (a multiple of 32) of this thread, block by
+/// block of `grid` in x, then y, then z order; returns when the whole grid has run.
+template <class F>
+void emulate_grid(F body, dim3 grid, unsigned threads) {
   if (threads == 0 || threads % 32 != 0)
     throw std::invalid_argument("emulate_launch: threads must be a positive multiple of 32, got " +
                                 std::to_string(threads));
@@ -246,8 +247,12 @@ void emulate_launch(void (*kernel)(P...), dim3 grid, unsigned threads, A... args
   block_fibers fibers;
   fibers.context.resize(threads);
   fibers.finished.resize(threads);
-  fibers.body = [&] { kernel(args...); };
-  const std::unique_ptr<char[]> stacks(new char[threads * fiber_stack_bytes]);  // untouched pages stay unmapped
+  fibers.body = std::move(body);
+  // The stacks stay from launch to launch: mapping and faulting in fresh ones each time was
+  // most of a small launch's cost. Untouched pages stay unmapped.
+  static std::unique_ptr<char[]> stacks;
+  static unsigned stack_count = 0;
+  if (stack_count < threads) stacks.reset(new char[threads * fiber_stack_bytes]), stack_count = threads;
   fibers.stacks = stacks.get(), fibers.stack_bytes = fiber_stack_bytes;
 #if defined(__SANITIZE_ADDRESS__)
   fibers.fake_stack.resize(threads);
@@ -278,5 +283,13 @@ void emulate_launch(void (*kernel)(P...), dim3 grid, unsigned threads, A... args
         }
       }
   this_block = nullptr, block_barrier = nullptr, this_warp = nullptr;
+}
+
+/// kernel<<<grid, threads>>>(args...): a kernel alone, on host data (a launch through the
+/// headers' launch code goes through LOOM_LAUNCH and the emulated runtime instead:
+/// emulated_runtime/cuda_runtime_api.h).
+template <class... P, class... A>
+void emulate_launch(void (*kernel)(P...), dim3 grid, unsigned threads, A... args) {
+  emulate_grid([&] { kernel(args...); }, grid, threads);
 }
 }  // namespace loom::emulation

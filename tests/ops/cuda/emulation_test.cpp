@@ -2,11 +2,18 @@
 // barrier orders shared-memory writes before reads (a block reverses an array through shared
 // memory), the warp intrinsics exchange the lanes' values (a butterfly sum, a broadcast, a
 // vote), the grid's blocks each see their own blockIdx, and threads waiting at different
-// barriers end the launch with an exception instead of a hang.
+// barriers end the launch with an exception instead of a hang. And the emulated runtime
+// (emulated_runtime/): copies whose direction names the wrong side, launches a GPU would
+// refuse or crash on, and frees of what was never allocated are errors, as on a GPU.
 #include "emulation.hpp"
+
+#include <cuda_runtime.h>  // emulated_runtime/ (this test's include path), not the toolkit's
+
+#include <loom/ops/cuda/launch.hpp>
 
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <numeric>
 #include <stdexcept>
 #include <vector>
@@ -90,4 +97,51 @@ TEST_CASE("emulation: a barrier not every thread reaches is an error, not a hang
   CHECK(rev[0] == 63);
   CHECK_THROWS_WITH_AS(emulate_launch(block_ids, {1, 1, 1}, 48, out.data()), doctest::Contains("multiple of 32, got 48"),
                        std::invalid_argument);
+}
+
+namespace {
+__global__ void add_one(int* p, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) p[i] += 1;
+}
+}  // namespace
+
+TEST_CASE("emulated runtime: device memory, copies in the direction they name, launches checked as a GPU would") {
+  const int n = 100;
+  std::vector<int> host(n);
+  std::iota(host.begin(), host.end(), 0);
+  int* dev = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&dev), n * sizeof(int)) == cudaSuccess);
+  CHECK(cudaMemcpy(dev, host.data(), n * sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess);
+  LOOM_LAUNCH(add_one, 4, 32, 0, nullptr)(dev, n);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  std::vector<int> back(n);
+  CHECK(cudaMemcpy(back.data(), dev, n * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+  for (int i = 0; i < n; ++i) REQUIRE(back[static_cast<std::size_t>(i)] == i + 1);
+
+  // the wrong direction, a range past the allocation's end, memset of host memory
+  CHECK(cudaMemcpy(host.data(), dev, n * sizeof(int), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(dev, host.data(), n * sizeof(int), cudaMemcpyDeviceToHost) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(dev + 1, host.data(), n * sizeof(int), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaMemset(host.data(), 0, sizeof(int)) == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaSuccess);  // reading the error clears it
+
+  // a kernel handed host memory, a block of 2048 threads, too much shared memory: nothing runs
+  LOOM_LAUNCH(add_one, 4, 32, 0, nullptr)(host.data(), n);
+  CHECK(cudaGetLastError() == cudaErrorIllegalAddress);
+  CHECK(host[0] == 0);
+  LOOM_LAUNCH(add_one, 1, 2048, 0, nullptr)(dev, n);
+  CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+  LOOM_LAUNCH(add_one, 1, 32, std::size_t(300) << 10, nullptr)(dev, n);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(back.data(), dev, n * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(back[0] == 1);
+
+  CHECK(cudaFree(dev) == cudaSuccess);
+  CHECK(cudaFree(dev) == cudaErrorInvalidDevicePointer);  // freed twice
+  void* not_device = std::malloc(16);
+  CHECK(cudaFree(not_device) == cudaErrorInvalidDevicePointer);
+  std::free(not_device);
+  (void)cudaGetLastError();
 }

@@ -14,8 +14,9 @@
 // one-pass result only by the order of additions (the tests' tolerance says how much).
 //
 // Prefill (ragged query runs, decode rows among them) runs the training forward's tiles
-// (ops/cuda/attention.cuh) over keys gathered from the pages. Every kernel here also compiles
-// for host threads (tests/ops/cuda/emulation.hpp), where the CPU CI checks it against the host.
+// (ops/cuda/attention.cuh) over keys gathered from the pages. Every kernel here, launch code
+// included, also compiles with g++ for the emulator (tests/ops/cuda/emulation.hpp), where the
+// CPU CI checks it against the host.
 //
 // Why splits: one (sequence, head) per block leaves most of a large GPU idle at small batch
 // and long context, the case decode is bandwidth-bound in; the split count grows with the
@@ -28,7 +29,6 @@
 #include <loom/ops/math/load.hpp>
 #include <loom/ops/math/softmax.hpp>
 
-#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
 #include <loom/core/buffer.hpp>
 #include <loom/core/cuda/error.hpp>
 #include <loom/core/cuda/memory.hpp>
@@ -37,7 +37,6 @@
 #include <loom/kv/paged_attention.hpp>
 
 #include <cuda_runtime.h>
-#endif
 
 #include <algorithm>
 #include <span>
@@ -167,7 +166,6 @@ __global__ void decode_merge(const float* __restrict__ ws_acc, const float* __re
   }
 }
 
-
 /// Ragged prefill: one block per (query tile, head, sequence) of attention_warps warps, the
 /// training forward's tiles (ops/cuda/attention.cuh: a warp carries rows r0 + w +
 /// attention_warps i, a lane scores one key of a 32-key tile staged in shared memory,
@@ -234,7 +232,6 @@ inline ops::kernels::attention_launch prefill_launch(std::int32_t batch, std::in
 
 }  // namespace kernels
 
-#if !defined(LOOM_CUDA_EMULATION)
 /// A paged_kv_csr's arrays on the device (what the kernels read), uploaded on a stream.
 struct paged_kv_csr_device {
   buffer<std::int32_t, cuda> indptr, indices, last_page_len;
@@ -283,7 +280,6 @@ struct decode_workspace {
   memory_resource* mr_;
 };
 
-
 namespace detail {
 template <class T>
 void check_device_cache(const char* fn, const tensor_view<T, cuda, 5>& cache, std::int64_t num_heads, std::int64_t head_dim,
@@ -318,8 +314,8 @@ void append_paged_kv_cache(cuda, tensor_view<const float, cuda, 3> k, tensor_vie
              csr.block_size);
   if (n == 0) return;
   const std::int64_t elems = n * hk * dim;
-  kernels::append_paged_kv<<<ops::kernels::grid_for(elems, ops::kernels::elementwise_block),
-                                  ops::kernels::elementwise_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::append_paged_kv, ops::kernels::grid_for(elems, ops::kernels::elementwise_block),
+              ops::kernels::elementwise_block, 0, stream)(
       k.data(), v.data(), batch_indices, positions, cache.data(), csr.indptr.data(), csr.indices.data(), n, hk, dim,
       csr.block_size);
   LOOM_CUDA_CHECK(cudaGetLastError());
@@ -348,13 +344,13 @@ void batch_decode_with_paged_kv_cache(cuda, tensor_view<const float, cuda, 3> q,
   const std::int64_t splits = kernels::decode_splits(csr.max_kv_len());
   if (splits > 1) ws.reserve(static_cast<std::int64_t>(csr.batch) * nh * splits, dim);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(nh), static_cast<unsigned>(csr.batch));
-  kernels::decode_split<<<grid, kernels::decode_warps * 32, 0, stream>>>(
+  LOOM_LAUNCH(kernels::decode_split, grid, kernels::decode_warps * 32, 0, stream)(
       q.data(), cache.data(), csr.indptr.data(), csr.indices.data(), csr.last_page_len.data(), csr.block_size,
       cache.extent(3), static_cast<std::int32_t>(dim), scale, splits, out.data(), ws.acc.data(), ws.m.data(), ws.l.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
   if (splits == 1) return;
   const dim3 merge_grid(static_cast<unsigned>(nh), static_cast<unsigned>(csr.batch));
-  kernels::decode_merge<<<merge_grid, 128, 0, stream>>>(ws.acc.data(), ws.m.data(), ws.l.data(), splits,
+  LOOM_LAUNCH(kernels::decode_merge, merge_grid, 128, 0, stream)(ws.acc.data(), ws.m.data(), ws.l.data(), splits,
                                                              static_cast<std::int32_t>(dim), out.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
@@ -419,7 +415,5 @@ void batch_prefill_with_paged_kv_cache(cuda, tensor_view<const float, cuda, 3> q
                                    cache.extent(3), static_cast<std::int32_t>(dim), scale, params.causal, out.data());
   });
 }
-
-#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::kv

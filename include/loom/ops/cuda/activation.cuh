@@ -9,12 +9,10 @@
 #include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/math/activation.hpp>
 
-#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
 #include <loom/core/cuda/error.hpp>
 #include <loom/ops/checks.hpp>
 
 #include <cuda_runtime.h>
-#endif
 
 namespace loom::ops {
 namespace kernels {
@@ -54,8 +52,6 @@ __global__ void gelu_backward(const T* __restrict__ dy, const T* __restrict__ x,
 
 }  // namespace kernels
 
-#if !defined(LOOM_CUDA_EMULATION)
-
 /// out = silu(a) * b over device vectors of one length.
 template <compute_type T>
 void swiglu_forward(cuda, device_in_view<T, 1> a, device_in_view<T, 1> b, tensor_view<T, cuda, 1> out,
@@ -63,7 +59,8 @@ void swiglu_forward(cuda, device_in_view<T, 1> a, device_in_view<T, 1> b, tensor
   const index_t n = a.numel();
   detail::require_same_length("ops::swiglu_forward(cuda)", n, a, b, out);
   if (n == 0) return;
-  kernels::swiglu_forward<<<kernels::grid_for(n, kernels::elementwise_block), kernels::elementwise_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::swiglu_forward, kernels::grid_for(n, kernels::elementwise_block),
+              kernels::elementwise_block, 0, stream)(
       a.data(), b.data(), out.data(), n);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
@@ -76,7 +73,8 @@ void swiglu_backward(cuda, device_in_view<T, 1> dout, device_in_view<T, 1> a, de
   const index_t n = a.numel();
   detail::require_same_length("ops::swiglu_backward(cuda)", n, dout, a, b, da, db);
   if (n == 0) return;
-  kernels::swiglu_backward<<<kernels::grid_for(n, kernels::elementwise_block), kernels::elementwise_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::swiglu_backward, kernels::grid_for(n, kernels::elementwise_block),
+              kernels::elementwise_block, 0, stream)(
       dout.data(), a.data(), b.data(), da.data(), db.data(), n, accumulate);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
@@ -88,7 +86,8 @@ void gelu_forward(cuda, device_in_view<T, 1> x, tensor_view<T, cuda, 1> y, gelu_
   const index_t n = x.numel();
   detail::require_same_length("ops::gelu_forward(cuda)", n, x, y);
   if (n == 0) return;
-  kernels::gelu_forward<<<kernels::grid_for(n, kernels::elementwise_block), kernels::elementwise_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::gelu_forward, kernels::grid_for(n, kernels::elementwise_block),
+              kernels::elementwise_block, 0, stream)(
       x.data(), y.data(), n, approx);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
@@ -100,11 +99,10 @@ void gelu_backward(cuda, device_in_view<T, 1> dy, device_in_view<T, 1> x, tensor
   const index_t n = x.numel();
   detail::require_same_length("ops::gelu_backward(cuda)", n, dy, x, dx);
   if (n == 0) return;
-  kernels::gelu_backward<<<kernels::grid_for(n, kernels::elementwise_block), kernels::elementwise_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::gelu_backward, kernels::grid_for(n, kernels::elementwise_block),
+              kernels::elementwise_block, 0, stream)(
       dy.data(), x.data(), dx.data(), n, approx);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
-
-#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops

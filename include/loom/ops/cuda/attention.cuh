@@ -23,8 +23,8 @@
 //
 // Limits: fp32 operands, head_dim <= 256. Tensor-core tiles (bf16 mma) are the next step for
 // speed; this version is the reference the GPU trainer can run and test against the host.
-// The kernels also compile for host threads (tests/ops/cuda/emulation.hpp; the launch code
-// sits behind LOOM_CUDA_EMULATION), so the CPU CI checks them against the host's attention.
+// The kernels and their launch code also compile with g++ for the emulator (tests/ops/cuda/
+// emulation.hpp: a CUDA thread a fiber), so the CPU CI checks them against the host's attention.
 
 #include <loom/core/device.hpp>
 #include <loom/core/tensor_view.hpp>
@@ -37,7 +37,6 @@
 #include <cstddef>
 #include <type_traits>
 
-#if !defined(LOOM_CUDA_EMULATION)
 #include <loom/core/buffer.hpp>
 #include <loom/core/cuda/error.hpp>
 #include <loom/core/cuda/memory.hpp>
@@ -45,7 +44,6 @@
 #include <loom/ops/checks.hpp>
 
 #include <cuda_runtime.h>
-#endif
 
 namespace loom::ops {
 
@@ -368,18 +366,14 @@ void with_dims_per_lane(index_t dim, F&& f) {
   f(std::integral_constant<int, 8>{});
 }
 
-}  // namespace kernels
 
-#if !defined(LOOM_CUDA_EMULATION)
-namespace kernels {
-
-/// kernel<<<grid, attention_warps * 32, smem, stream>>>(args...), the opt-in to more than 48 KiB
+/// kernel over grid l with attention_warps * 32 threads, the opt-in to more than 48 KiB
 /// of dynamic shared memory made first (a device with less fails here, with CUDA's message).
 template <class... P, class... A>
 void launch_attention(void (*kernel)(P...), attention_launch l, cudaStream_t stream, A... args) {
   if (l.smem > 48 * 1024)
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
-  kernel<<<dim3(l.x, l.y, l.z), attention_warps * 32, l.smem, stream>>>(args...);
+  LOOM_LAUNCH(kernel, dim3(l.x, l.y, l.z), attention_warps * 32, l.smem, stream)(args...);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -453,7 +447,8 @@ inline void attention_backward(cuda, tensor_view<const float, cuda, 4> dout, ten
   const float scale = 1.f / std::sqrt(static_cast<float>(d.hd));
   const index_t query_rows = d.b * d.s * d.h;
   ws.reserve(query_rows);
-  kernels::attention_delta<<<kernels::grid_for(query_rows * 32, kernels::row_block), kernels::row_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::attention_delta, kernels::grid_for(query_rows * 32, kernels::row_block),
+              kernels::row_block, 0, stream)(
       dout.data(), out.data(), ws.delta.data(), query_rows, d.s, d.h, static_cast<int>(d.hd));
   LOOM_CUDA_CHECK(cudaGetLastError());
   const int dim = static_cast<int>(d.hd);
@@ -467,7 +462,5 @@ inline void attention_backward(cuda, tensor_view<const float, cuda, 4> dout, ten
                               dv.data(), d.s, d.h, d.kvh, dim, scale, mask, accumulate);
   });
 }
-
-#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops

@@ -23,13 +23,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
 #include <loom/core/buffer.hpp>
 #include <loom/core/cuda/error.hpp>
 #include <loom/core/cuda/memory.hpp>
 #include <loom/ops/checks.hpp>
 #include <cuda_runtime.h>
-#endif
 
 namespace loom::ops {
 
@@ -161,7 +159,6 @@ __global__ void __launch_bounds__(row_block)
 
 }  // namespace kernels
 
-#if !defined(LOOM_CUDA_EMULATION)
 /// Device scratch of the cross-entropy kernels for up to `rows` rows: each row's loss, the
 /// count of targets and the position of the first bad one, and the mean loss.
 struct cross_entropy_workspace {
@@ -171,7 +168,6 @@ struct cross_entropy_workspace {
   explicit cross_entropy_workspace(index_t rows, memory_resource& r = default_resource<cuda>())
       : row_loss(static_cast<std::size_t>(rows), r), stats(2, r), loss(1, r) {}
 };
-
 
 namespace detail {
 template <class T, class Tgt>
@@ -193,7 +189,7 @@ void count_targets(tensor_view<Tgt, cuda, 1> targets, index_t vocab, std::int64_
                    cudaStream_t stream) {
   const unsigned long long init[2] = {0, static_cast<unsigned long long>(targets.numel())};
   LOOM_CUDA_CHECK(cudaMemcpyAsync(ws.stats.data(), init, sizeof init, cudaMemcpyHostToDevice, stream));
-  kernels::count_targets<<<1, kernels::row_block, 0, stream>>>(targets.data(), targets.numel(), vocab, ignore,
+  LOOM_LAUNCH(kernels::count_targets, 1, kernels::row_block, 0, stream)(targets.data(), targets.numel(), vocab, ignore,
                                                                ws.stats.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
@@ -217,10 +213,11 @@ T cross_entropy_forward(cuda, device_in_view<T, 2> logits, tensor_view<Tgt, cuda
   }
   if (n == 0) return T(0);
   detail::count_targets(targets, v, opt.ignore_index, ws, stream);
-  kernels::cross_entropy_rows<<<static_cast<unsigned>(n), kernels::row_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::cross_entropy_rows, static_cast<unsigned>(n), kernels::row_block, 0, stream)(
       logits.data(), targets.data(), lse.data(), ws.row_loss.data(), dlogits.data(), ws.stats.data(), v, opt.ignore_index);
   LOOM_CUDA_CHECK(cudaGetLastError());
-  kernels::mean_loss<<<1, kernels::row_block, 0, stream>>>(ws.row_loss.data(), n, ws.stats.data(), ws.loss.data());
+  LOOM_LAUNCH(kernels::mean_loss, 1,
+              kernels::row_block, 0, stream)(ws.row_loss.data(), n, ws.stats.data(), ws.loss.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
   unsigned long long stats[2];
   float loss = 0;
@@ -250,7 +247,7 @@ void cross_entropy_backward(cuda, device_in_view<T, 2> logits, tensor_view<Tgt, 
   detail::require_shape(dlogits, logits.shape(), fn, "dlogits");
   if (n == 0) return;
   detail::count_targets(targets, v, opt.ignore_index, ws, stream);
-  kernels::cross_entropy_backward<<<static_cast<unsigned>(n), kernels::row_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::cross_entropy_backward, static_cast<unsigned>(n), kernels::row_block, 0, stream)(
       logits.data(), targets.data(), lse.data(), dlogits.data(), ws.stats.data(), v, dloss, opt.ignore_index, accumulate);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
@@ -267,7 +264,7 @@ void vocab_parallel_row_max(cuda, device_in_view<T, 2> logits_local, tensor_view
   detail::require_shape(row_max, extents<1>{n}, fn, "row_max");
   LOOM_CHECK(n <= kernels::grid_cap, fn, ": rows=", n, " above the supported ", kernels::grid_cap);
   if (n == 0) return;
-  kernels::vocab_parallel_row_max<<<static_cast<unsigned>(n), kernels::row_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::vocab_parallel_row_max, static_cast<unsigned>(n), kernels::row_block, 0, stream)(
       logits_local.data(), logits_local.extent(1), row_max.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
@@ -289,7 +286,7 @@ void vocab_parallel_row_sums(cuda, device_in_view<T, 2> logits_local, tensor_vie
   LOOM_CHECK(first >= 0, fn, ": first must be >= 0, got first=", first);
   LOOM_CHECK(n <= kernels::grid_cap, fn, ": rows=", n, " above the supported ", kernels::grid_cap);
   if (n == 0) return;
-  kernels::vocab_parallel_row_sums<<<static_cast<unsigned>(n), kernels::row_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::vocab_parallel_row_sums, static_cast<unsigned>(n), kernels::row_block, 0, stream)(
       logits_local.data(), targets.data(), logits_local.extent(1), first, row_max.data(), sums.data(), opt.ignore_index);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
@@ -310,12 +307,10 @@ void vocab_parallel_backward(cuda, device_in_view<T, 2> logits_local, tensor_vie
   detail::require_contiguous(dlogits_local, fn, "dlogits_local");
   LOOM_CHECK(n <= kernels::grid_cap, fn, ": rows=", n, " above the supported ", kernels::grid_cap);
   if (n == 0) return;
-  kernels::vocab_parallel_backward<<<static_cast<unsigned>(n), kernels::row_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::vocab_parallel_backward, static_cast<unsigned>(n), kernels::row_block, 0, stream)(
       logits_local.data(), targets.data(), lse.data(), dlogits_local.data(), logits_local.extent(1), first, scale,
       opt.ignore_index);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
-
-#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops

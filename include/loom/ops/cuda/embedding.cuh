@@ -22,14 +22,12 @@
 #include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/math/load.hpp>
 
-#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
 #include <loom/core/buffer.hpp>
 #include <loom/core/cuda/error.hpp>
 #include <loom/core/cuda/memory.hpp>
 #include <loom/ops/checks.hpp>
 
 #include <cuda_runtime.h>
-#endif
 
 #include <algorithm>
 #include <concepts>
@@ -80,13 +78,11 @@ __global__ void embedding_backward(const Tok* __restrict__ tokens, const T* __re
 
 }  // namespace kernels
 
-#if !defined(LOOM_CUDA_EMULATION)
 /// Device scratch of embedding_forward: the position of the first id outside the vocabulary.
 struct embedding_workspace {
   buffer<unsigned long long, cuda> first_bad;  // [1]; the row count when every id is good
   explicit embedding_workspace(memory_resource& r = default_resource<cuda>()) : first_bad(1, r) {}
 };
-
 
 /// out[n, :] = table[tokens[n], :]; tokens: [n], table: [vocab, dim], out: [n, dim]. Waits for
 /// `stream`; an id outside [0, vocab) is a loom::error naming it and its position.
@@ -102,7 +98,8 @@ void embedding_forward(cuda, tensor_view<Token, cuda, 1> tokens, tensor_view<P, 
   if (n == 0 || d == 0) return;
   unsigned long long bad = static_cast<unsigned long long>(n);
   LOOM_CUDA_CHECK(cudaMemcpyAsync(ws.first_bad.data(), &bad, sizeof bad, cudaMemcpyHostToDevice, stream));
-  kernels::embedding_forward<<<kernels::grid_for(n * d, kernels::elementwise_block), kernels::elementwise_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::embedding_forward, kernels::grid_for(n * d, kernels::elementwise_block),
+              kernels::elementwise_block, 0, stream)(
       tokens.data(), table.data(), out.data(), n, v, d, ws.first_bad.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
   LOOM_CUDA_CHECK(cudaMemcpyAsync(&bad, ws.first_bad.data(), sizeof bad, cudaMemcpyDeviceToHost, stream));
@@ -131,11 +128,10 @@ void embedding_backward(cuda, tensor_view<Token, cuda, 1> tokens, device_in_view
   const index_t threads = buckets * d;
   LOOM_CHECK(threads / kernels::elementwise_block < kernels::grid_cap, fn, ": dim=", d, " above the supported ",
              kernels::grid_cap * index_t{kernels::elementwise_block});
-  kernels::embedding_backward<<<kernels::grid_for(threads, kernels::elementwise_block), kernels::elementwise_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::embedding_backward, kernels::grid_for(threads, kernels::elementwise_block),
+              kernels::elementwise_block, 0, stream)(
       tokens.data(), dout.data(), dtable.data(), n, v, d, buckets);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
-
-#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops

@@ -37,7 +37,7 @@ template <class T>
 void fill(cuda, tensor_view<T, cuda, 1> x, T value, cudaStream_t stream = nullptr) {
   LOOM_CHECK(x.is_contiguous(), "ops::fill: view must be contiguous (stride=", x.stride(0), ")");
   if (x.numel() == 0) return;
-  kernels::fill<<<kernels::grid_for(x.numel(), 256), 256, 0, stream>>>(x.data(), x.numel(), value);
+  LOOM_LAUNCH(kernels::fill, kernels::grid_for(x.numel(), 256), 256, 0, stream)(x.data(), x.numel(), value);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -46,7 +46,7 @@ void cast(cuda, tensor_view<const In, cuda, 1> in, tensor_view<Out, cuda, 1> out
   LOOM_CHECK(in.numel() == out.numel(), "ops::cast: input has ", in.numel(), " elements, output has ", out.numel());
   LOOM_CHECK(in.is_contiguous() && out.is_contiguous(), "ops::cast: views must be contiguous");
   if (in.numel() == 0) return;
-  kernels::cast<<<kernels::grid_for(in.numel(), 256), 256, 0, stream>>>(in.data(), out.data(), in.numel());
+  LOOM_LAUNCH(kernels::cast, kernels::grid_for(in.numel(), 256), 256, 0, stream)(in.data(), out.data(), in.numel());
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

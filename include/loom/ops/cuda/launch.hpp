@@ -15,11 +15,19 @@
 #include <type_traits>
 
 /// Declares `float* name`: the block's dynamic shared memory (`extern __shared__` on a GPU; the
-/// emulator's array under tests/ops/cuda/emulation.hpp, which runs kernels on host threads).
+/// emulator's array under tests/ops/cuda/emulation.hpp, which runs kernels on the CPU).
+/// LOOM_LAUNCH(kernel, grid, block, smem, stream)(args...) is
+/// kernel<<<grid, block, smem, stream>>>(args...) on a GPU; under the emulator (g++, no GPU)
+/// the emulated runtime's launch, which makes the runtime's checks and runs the grid on fibers
+/// (tests/ops/cuda/emulated_runtime/cuda_runtime_api.h). Every launch goes through it, so the
+/// launch code the GPU runs is the launch code the CPU CI tests.
 #if defined(LOOM_CUDA_EMULATION)
 #define LOOM_DYNAMIC_SHARED_FLOATS(name) float* name = ::loom::emulation::dynamic_shared_floats()
+#define LOOM_LAUNCH(kernel, grid, block, smem, stream) \
+  ::loom::emulation::launch([&](auto... loom_args) { kernel(loom_args...); }, grid, block, smem)
 #else
 #define LOOM_DYNAMIC_SHARED_FLOATS(name) extern __shared__ float name[]
+#define LOOM_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
 #endif
 
 namespace loom::ops {

@@ -19,11 +19,9 @@
 
 #include <type_traits>
 
-#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
 #include <loom/core/cuda/error.hpp>
 #include <loom/ops/checks.hpp>
 #include <cuda_runtime.h>
-#endif
 
 namespace loom::ops {
 namespace kernels {
@@ -66,8 +64,6 @@ __global__ void rmsnorm_backward_dw(const T* __restrict__ dy, const T* __restric
 
 }  // namespace kernels
 
-#if !defined(LOOM_CUDA_EMULATION)
-
 /// x, y: [rows, dim]; w: [dim]; rstd: [rows] (saved for backward). All device views.
 template <compute_type T, class P>
   requires param_type<std::remove_const_t<P>>
@@ -83,7 +79,8 @@ void rmsnorm_forward(cuda, device_in_view<T, 2> x, tensor_view<P, cuda, 1> w, te
   LOOM_CHECK(eps > T(0), fn, ": eps must be > 0, got eps=", eps);
   LOOM_CHECK(n <= kernels::grid_cap, fn, ": rows=", n, " above the supported ", kernels::grid_cap);
   if (n == 0) return;
-  kernels::rmsnorm_forward<<<static_cast<unsigned>(n), kernels::row_block, 0, stream>>>(x.data(), w.data(), y.data(),
+  LOOM_LAUNCH(kernels::rmsnorm_forward, static_cast<unsigned>(n),
+              kernels::row_block, 0, stream)(x.data(), w.data(), y.data(),
                                                                                        rstd.data(), d, eps);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
@@ -107,15 +104,13 @@ void rmsnorm_backward(cuda, device_in_view<T, 2> dy, device_in_view<T, 2> x, ten
   detail::require_shape(rstd, extents<1>{n}, fn, "rstd");
   LOOM_CHECK(n <= kernels::grid_cap, fn, ": rows=", n, " above the supported ", kernels::grid_cap);
   if (n == 0 || d == 0) return;
-  kernels::rmsnorm_backward_dx<<<static_cast<unsigned>(n), kernels::row_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::rmsnorm_backward_dx, static_cast<unsigned>(n), kernels::row_block, 0, stream)(
       dy.data(), x.data(), w.data(), rstd.data(), dx.data(), d);
   LOOM_CUDA_CHECK(cudaGetLastError());
   if (dw.empty()) return;
-  kernels::rmsnorm_backward_dw<<<kernels::grid_for(d, kernels::elementwise_block), kernels::elementwise_block, 0,
-                                 stream>>>(dy.data(), x.data(), rstd.data(), dw.data(), n, d);
+  LOOM_LAUNCH(kernels::rmsnorm_backward_dw, kernels::grid_for(d, kernels::elementwise_block),
+              kernels::elementwise_block, 0, stream)(dy.data(), x.data(), rstd.data(), dw.data(), n, d);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
-
-#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops

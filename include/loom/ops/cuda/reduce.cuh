@@ -19,11 +19,11 @@
 #include <cmath>
 #include <type_traits>
 
-#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
 #include <loom/core/cuda/error.hpp>
 #include <loom/ops/checks.hpp>
-#include <cub/block/block_reduce.cuh>
 #include <cuda_runtime.h>
+#if !defined(LOOM_CUDA_EMULATION)  // CUB is the GPU's; the emulator has its own block reduction
+#include <cub/block/block_reduce.cuh>
 #endif
 
 namespace loom::ops {
@@ -45,7 +45,7 @@ __device__ T block_all_reduce(T v, Op op) {
   return total;
 }
 #else
-// On host threads (tests/ops/cuda/emulation.hpp), without CUB: thread 0 combines every
+// Under the emulator (tests/ops/cuda/emulation.hpp), without CUB: thread 0 combines every
 // thread's value in thread order (CUB's tree adds in another order: results agree to rounding).
 template <class T, class Op>
 __device__ T block_all_reduce(T v, Op op) {
@@ -116,8 +116,6 @@ __global__ void __launch_bounds__(row_block) sum_partials(const double* __restri
 
 }  // namespace kernels
 
-#if !defined(LOOM_CUDA_EMULATION)
-
 /// Device scratch of sum_of_squares: the result, then one partial per block.
 inline constexpr index_t sum_of_squares_workspace = 1 + kernels::norm_blocks;
 
@@ -134,13 +132,12 @@ void sum_of_squares(cuda, tensor_view<T, cuda, 1> x, tensor_view<double, cuda, 1
   LOOM_CHECK(workspace.numel() >= sum_of_squares_workspace, fn, ": workspace has ", workspace.numel(),
              " doubles, needs sum_of_squares_workspace=", sum_of_squares_workspace);
   LOOM_CHECK(nonfinite.numel() >= 1, fn, ": nonfinite must hold one int, has ", nonfinite.numel());
-  kernels::sum_of_squares_partials<<<kernels::norm_blocks, kernels::row_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::sum_of_squares_partials, kernels::norm_blocks, kernels::row_block, 0, stream)(
       x.data(), x.numel(), workspace.data() + 1, nonfinite.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
-  kernels::sum_partials<<<1, kernels::row_block, 0, stream>>>(workspace.data() + 1, kernels::norm_blocks, workspace.data());
+  LOOM_LAUNCH(kernels::sum_partials, 1,
+              kernels::row_block, 0, stream)(workspace.data() + 1, kernels::norm_blocks, workspace.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
-
-#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops

@@ -13,11 +13,9 @@
 #include <loom/ops/cuda/launch.hpp>
 #include <loom/ops/math/rope.hpp>
 
-#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
 #include <loom/core/cuda/error.hpp>
 #include <loom/ops/checks.hpp>
 #include <cuda_runtime.h>
-#endif
 
 namespace loom::ops {
 namespace kernels {
@@ -37,8 +35,6 @@ __global__ void rope(T* __restrict__ x, const T* __restrict__ cos, const T* __re
 
 }  // namespace kernels
 
-#if !defined(LOOM_CUDA_EMULATION)
-
 namespace detail {
 template <compute_type T>
 void rope_rotate(tensor_view<T, cuda, 4> x, device_in_view<T, 2> cos, device_in_view<T, 2> sin,
@@ -53,7 +49,8 @@ void rope_rotate(tensor_view<T, cuda, 4> x, device_in_view<T, 2> cos, device_in_
              ") exceed the table's max_seq=", cos.extent(0));
   const index_t n_pairs = b * s * h * half;
   if (n_pairs == 0) return;
-  kernels::rope<<<kernels::grid_for(n_pairs, kernels::elementwise_block), kernels::elementwise_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::rope, kernels::grid_for(n_pairs, kernels::elementwise_block),
+              kernels::elementwise_block, 0, stream)(
       x.data(), cos.data(), sin.data(), s, h, hd, half, pos0, style, sign, n_pairs);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
@@ -73,7 +70,5 @@ void rope_backward(cuda, tensor_view<T, cuda, 4> dx, device_in_view<T, 2> cos,
                    device_in_view<T, 2> sin, rope_style style, index_t pos0 = 0, cudaStream_t stream = nullptr) {
   detail::rope_rotate(dx, cos, sin, style, pos0, T(-1), stream, "ops::rope_backward(cuda)");
 }
-
-#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::ops

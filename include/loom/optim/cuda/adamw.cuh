@@ -13,12 +13,10 @@
 #include <cmath>
 #include <cstdint>
 
-#if !defined(LOOM_CUDA_EMULATION)  // the kernels alone compile on the host (tests/ops/cuda/emulation.hpp)
 #include <loom/core/cuda/error.hpp>
 #include <loom/core/error.hpp>
 #include <loom/ops/checks.hpp>
 #include <cuda_runtime.h>
-#endif
 
 namespace loom::optim {
 namespace kernels {
@@ -37,8 +35,6 @@ __global__ void adamw(float* __restrict__ p, const float* __restrict__ g, float*
 
 }  // namespace kernels
 
-#if !defined(LOOM_CUDA_EMULATION)
-
 /// One AdamW update of step number t (1-based) on matching device vectors of parameters,
 /// gradients and moments; asynchronous on `stream`.
 inline void adamw_update(cuda, tensor_view<float, cuda, 1> params, tensor_view<const float, cuda, 1> grads,
@@ -50,11 +46,10 @@ inline void adamw_update(cuda, tensor_view<float, cuda, 1> params, tensor_view<c
   LOOM_CHECK(t >= 1, "adamw(cuda): step number must be >= 1, got t=", t);
   if (n == 0) return;
   const auto k = ops::math::make_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, t);
-  kernels::adamw<<<ops::kernels::grid_for(n, ops::kernels::elementwise_block), ops::kernels::elementwise_block, 0,
-                   stream>>>(params.data(), grads.data(), exp_avg.data(), exp_avg_sq.data(), n, k);
+  LOOM_LAUNCH(kernels::adamw, ops::kernels::grid_for(n, ops::kernels::elementwise_block),
+              ops::kernels::elementwise_block, 0, stream)(
+      params.data(), grads.data(), exp_avg.data(), exp_avg_sq.data(), n, k);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
-
-#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::optim

@@ -14,7 +14,6 @@
 #include <loom/core/tensor_view.hpp>
 #include <loom/ops/cuda/launch.hpp>
 
-#if !defined(LOOM_CUDA_EMULATION)  // the kernel alone compiles on the host (tests/ops/cuda/emulation.hpp)
 #include <loom/core/buffer.hpp>
 #include <loom/core/cuda/error.hpp>
 #include <loom/core/cuda/memory.hpp>
@@ -22,7 +21,6 @@
 #include <loom/quant/nf4.hpp>
 
 #include <cuda_runtime.h>
-#endif
 
 #include <cstdint>
 #include <vector>
@@ -56,7 +54,6 @@ __global__ void nf4_dequantize_rows(const std::uint8_t* __restrict__ codes, cons
 
 }  // namespace kernels
 
-#if !defined(LOOM_CUDA_EMULATION)
 /// An nf4_matrix's stored fields on the device, with the two look-up tables.
 class nf4_matrix_device {
  public:
@@ -107,7 +104,6 @@ class nf4_matrix_device {
   buffer<float, cuda> tables_;
 };
 
-
 /// out = W[r0:r1, :] dequantised (fp32 values, stored as T: float or bfloat16); out is
 /// [r1 - r0, cols], contiguous. Asynchronous on `stream`.
 template <class T>
@@ -120,13 +116,11 @@ void nf4_dequantize_rows(const nf4_matrix_device& w, index_t r0, index_t r1, ten
   const index_t bytes = (r1 - r0) * w.cols() / 2;
   if (bytes == 0) return;
   const auto& o = w.options();
-  kernels::nf4_dequantize_rows<<<ops::kernels::grid_for(bytes, ops::kernels::elementwise_block),
-                                 ops::kernels::elementwise_block, 0, stream>>>(
+  LOOM_LAUNCH(kernels::nf4_dequantize_rows, ops::kernels::grid_for(bytes, ops::kernels::elementwise_block),
+              ops::kernels::elementwise_block, 0, stream)(
       w.codes(), w.absmax(), w.absmax_codes(), w.absmax_scales(), w.absmax_offset(), w.nf4_table(), w.dynamic_table(),
       r0 * w.cols() / 2, bytes, o.block_size, o.double_quant ? o.absmax_block_size : 1, o.double_quant, out.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
-
-#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace loom::quant
