@@ -13,6 +13,9 @@
 //     backward 5 GEMM-equivalents) and % of --peak-tflops-fp32
 //   NF4 dequantisation (quant::nf4_dequantize_rows into bf16): bytes read + written / time
 //   embedding forward and RMSNorm forward: bytes moved / time
+//   token sampling (kv::sample, 64 rows of a 32000-word vocabulary: greedy, and temperature
+//     with top-p, which sorts each row): logits read / time (a latency of the decode step
+//     more than a bandwidth figure: the sort is O(V log^2 V) a row)
 // Without a device it says so and exits 0: it is a measurement, never a test.
 //   loom-bench-gpu [--quick] [--reps N] [--peak-tflops T] [--peak-tflops-fp32 T] [--peak-gbs G]
 
@@ -23,6 +26,7 @@
 #include <loom/core/float16.hpp>
 #include <loom/kv/block_table.hpp>
 #include <loom/kv/cuda/paged_attention.cuh>
+#include <loom/kv/cuda/sampler.cuh>
 #include <loom/ops/cuda/attention.cuh>
 #include <loom/ops/cuda/embedding.cuh>
 #include <loom/ops/cuda/gemm.hpp>
@@ -240,6 +244,25 @@ void bench_rows(const options& o, index_t n, index_t d, index_t vocab) {
   row("RMSNorm forward (fp32)", shape, ms, bytes / (ms * 1e-3) / 1e9, "GB/s", o.peak_gbs);
 }
 
+void bench_sampling(const options& o, std::int32_t batch, index_t vocab) {
+  namespace kv = loom::kv;
+  auto logits = filled<float>(std::size_t(batch * vocab), 0.5f);
+  loom::buffer<kv::token_id, loom::cuda> out(static_cast<std::size_t>(batch));
+  const loom::tensor_view<float, loom::cuda, 2> lv(logits.data(), loom::extents<2>{batch, vocab});
+  const loom::tensor_view<kv::token_id, loom::cuda, 1> ov(out.data(), loom::extents<1>{batch});
+  const std::vector<std::span<const kv::token_id>> histories(static_cast<std::size_t>(batch));
+  const std::vector<std::int64_t> positions(static_cast<std::size_t>(batch), 100);
+  kv::sampling_workspace ws;
+  const std::string shape = std::to_string(batch) + " x " + std::to_string(vocab);
+  const double bytes = double(batch * vocab) * sizeof(float);
+  for (const auto& [what, p] : {std::pair<const char*, kv::sampling_params>{"token sampling (greedy)", {}},
+                                {"token sampling (temperature 0.8, top-p 0.9)", {.temperature = 0.8f, .top_p = 0.9f}}}) {
+    const std::vector<kv::sampling_params> params(static_cast<std::size_t>(batch), p);
+    const double ms = median_ms(o.reps, [&] { kv::sample(loom::cuda{}, lv, params, histories, positions, ov, ws); });
+    row(what, shape, ms, bytes / (ms * 1e-3) / 1e9, "GB/s", o.peak_gbs);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -269,6 +292,7 @@ int main(int argc, char** argv) try {
   bench_attention(o, tokens / 2048, 2048);
   bench_nf4(o, 4096, o.quick ? 4096 : 11008);
   bench_rows(o, tokens, 2048, 32000);
+  bench_sampling(o, 64, 32000);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());

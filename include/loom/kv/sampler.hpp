@@ -14,6 +14,7 @@
 #include <loom/core/error.hpp>
 #include <loom/core/random.hpp>
 #include <loom/kv/block_allocator.hpp>
+#include <loom/ops/math/sampling.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -57,12 +58,11 @@ class sampler {
     if (p.repetition_penalty != 1.f) apply_repetition_penalty(logits, p.repetition_penalty, history);
     if (p.greedy()) return argmax(logits);
 
-    // Candidates sorted by logit, highest first; ties by token id.
+    // Candidates in order (ops/math/sampling.hpp): highest logit first, ties by token id.
     idx_.resize(static_cast<std::size_t>(vocab));
     std::iota(idx_.begin(), idx_.end(), 0);
     auto by_logit = [&](token_id a, token_id b) {
-      return logits[static_cast<std::size_t>(a)] > logits[static_cast<std::size_t>(b)] ||
-             (logits[static_cast<std::size_t>(a)] == logits[static_cast<std::size_t>(b)] && a < b);
+      return ops::math::sampled_before(logits[static_cast<std::size_t>(a)], a, logits[static_cast<std::size_t>(b)], b);
     };
     std::int32_t keep = vocab;
     if (p.top_k > 0 && p.top_k < vocab) {
@@ -71,33 +71,15 @@ class sampler {
     } else {
       std::sort(idx_.begin(), idx_.end(), by_logit);
     }
-    // Softmax over the kept candidates at the given temperature (in double: sums of many
-    // small probabilities).
+    // Weights of the kept candidates at the given temperature, then the top-p cut and the
+    // draw over them (the GPU sampler's arithmetic too).
     prob_.resize(static_cast<std::size_t>(keep));
     const double mx = logits[static_cast<std::size_t>(idx_[0])];
-    double sum = 0;
     for (std::int32_t i = 0; i < keep; ++i)
-      sum += prob_[static_cast<std::size_t>(i)] =
-          std::exp((static_cast<double>(logits[static_cast<std::size_t>(idx_[static_cast<std::size_t>(i)])]) - mx) /
-                   p.temperature);
-    if (p.top_p < 1.f) {  // smallest prefix whose mass reaches top_p (at least one token)
-      double cum = 0;
-      std::int32_t n = 0;
-      while (n < keep) {
-        cum += prob_[static_cast<std::size_t>(n++)] / sum;
-        if (cum >= static_cast<double>(p.top_p)) break;
-      }
-      keep = n;
-      sum = 0;
-      for (std::int32_t i = 0; i < keep; ++i) sum += prob_[static_cast<std::size_t>(i)];
-    }
-    const double u = static_cast<double>(counter_rng(p.seed, sampling_stream).uniform(static_cast<std::uint64_t>(position))) * sum;
-    double cum = 0;
-    for (std::int32_t i = 0; i < keep; ++i) {
-      cum += prob_[static_cast<std::size_t>(i)];
-      if (u < cum) return idx_[static_cast<std::size_t>(i)];
-    }
-    return idx_[static_cast<std::size_t>(keep - 1)];  // u rounded up to the total
+      prob_[static_cast<std::size_t>(i)] =
+          ops::math::sampling_weight(logits[static_cast<std::size_t>(idx_[static_cast<std::size_t>(i)])], mx, p.temperature);
+    const float u = counter_rng(p.seed, sampling_stream).uniform(static_cast<std::uint64_t>(position));
+    return idx_[static_cast<std::size_t>(ops::math::draw_candidate(prob_.data(), keep, p.top_p, u))];
   }
 
   /// Index of the largest logit (the lowest index among equal ones).
@@ -115,7 +97,7 @@ class sampler {
       if (s) continue;
       s = 1;
       float& l = logits[static_cast<std::size_t>(t)];
-      l = l > 0.f ? l / penalty : l * penalty;
+      l = ops::math::repetition_penalized(l, penalty);
     }
   }
 

@@ -21,7 +21,9 @@
 #include <loom/core/cuda/memory.hpp>
 #include <loom/core/random.hpp>
 #include <loom/kv/cuda/paged_attention.cuh>
+#include <loom/kv/cuda/sampler.cuh>
 #include <loom/kv/paged_attention.hpp>
+#include <loom/kv/sampler.hpp>
 #include <loom/ops/cuda/activation.cuh>
 #include <loom/ops/cuda/attention.cuh>
 #include <loom/ops/cuda/cross_entropy.cuh>
@@ -620,4 +622,89 @@ TEST_CASE("cuBLAS GEMM: fp32, and bf16 / fp16 operands with fp32 accumulation, a
   loom::buffer<float, loom::cuda> a(6), b(6), c(4);
   CHECK_THROWS_WITH_AS(ops::gemm(loom::cuda{}, handle, cview(a, 2, 3), cview(b, 2, 3), mview(c, 2, 2)),
                        doctest::Contains("inner sizes differ"), loom::error);
+}
+
+TEST_CASE("token sampling on the GPU picks the host sampler's token (greedy, temperature, top-k, top-p, penalty, ties)") {
+  namespace kv = loom::kv;
+  using sp = kv::sampling_params;
+  const std::vector<sp> configs{
+      {},                                                            // greedy
+      {.repetition_penalty = 1.3f},                                  // greedy after the penalty
+      {.temperature = 0.7f},                                         // the whole vocabulary
+      {.temperature = 1.f, .top_k = 1},                              // top-1 is greedy
+      {.temperature = 0.8f, .top_k = 5},
+      {.temperature = 1.2f, .top_k = 50, .top_p = 0.9f},
+      {.temperature = 1.f, .top_p = 0.5f},
+      {.temperature = 2.f, .top_p = 0.99f, .repetition_penalty = 1.5f},
+      {.temperature = 0.3f, .top_p = 0.1f},
+      {.temperature = 1.f, .top_k = 3, .repetition_penalty = 0.8f},  // a penalty below 1 favours the history
+      {.temperature = 5.f},
+      {.temperature = 1.f, .top_k = 100000, .top_p = 0.95f},         // top_k above the vocabulary: all
+  };
+  for (index_t v : {index_t(7), index_t(1000), index_t(32000)}) {
+    CAPTURE(v);
+    std::vector<sp> params;
+    std::vector<std::vector<kv::token_id>> histories;
+    std::vector<std::int64_t> positions;
+    for (int rep = 0; rep < 3; ++rep)
+      for (std::size_t c = 0; c < configs.size(); ++c) {
+        const auto b = params.size();
+        params.push_back(configs[c]);
+        params.back().seed = 1000 + b;
+        positions.push_back(std::int64_t(b) * 5 + 3);
+        std::vector<kv::token_id> h;
+        for (int i = 0; i < 40; ++i) h.push_back(kv::token_id((i * 7 + int(b) * 13) % (i % 3 == 0 ? 5 : int(v))));  // repeats
+        histories.push_back(h);
+      }
+    const index_t batch = index_t(params.size());
+    auto logits = random_vector<float>(std::size_t(batch * v), 50, 4.f);
+    for (index_t b = 0; b < batch; ++b)
+      for (index_t j = 0; j < v; ++j) {
+        float& l = logits[std::size_t(b * v + j)];
+        if (b % 2 == 1) l = std::round(l * 2.f) / 2.f;                                    // many equal logits: ties by id
+        if (b % 5 == 2 && j % 3 == 0) l = -std::numeric_limits<float>::infinity();       // masked tokens
+      }
+    std::vector<kv::token_id> expected(std::size_t(batch), -1);
+    std::vector<float> penalized = logits;
+    kv::sampler host_sampler;
+    for (index_t b = 0; b < batch; ++b)
+      expected[std::size_t(b)] = host_sampler.sample(std::span<float>(penalized.data() + b * v, std::size_t(v)),
+                                                     params[std::size_t(b)], histories[std::size_t(b)],
+                                                     positions[std::size_t(b)]);
+    std::vector<std::span<const kv::token_id>> history_spans(histories.begin(), histories.end());
+    auto glogits = upload(logits);
+    auto gout = upload(std::vector<kv::token_id>(std::size_t(batch), -1));
+    kv::sampling_workspace ws;
+    kv::sample(loom::cuda{}, mview(glogits, batch, v), params, history_spans, positions, mview(gout, batch), ws);
+    CHECK(download(gout) == expected);
+    CHECK(download(glogits) == penalized);  // the penalty in place, bit for bit
+    // the workspace again, on other draws and other histories (its penalty mask must have
+    // been left clear: a token marked last time is not penalised now)
+    for (auto& p : params) p.seed += 7;
+    std::rotate(histories.begin(), histories.begin() + 1, histories.end());
+    for (auto& h : histories) h.resize(h.size() / 2);
+    history_spans.assign(histories.begin(), histories.end());
+    penalized = logits;
+    for (index_t b = 0; b < batch; ++b)
+      expected[std::size_t(b)] = host_sampler.sample(std::span<float>(penalized.data() + b * v, std::size_t(v)),
+                                                     params[std::size_t(b)], histories[std::size_t(b)],
+                                                     positions[std::size_t(b)]);
+    glogits = upload(logits);
+    kv::sample(loom::cuda{}, mview(glogits, batch, v), params, history_spans, positions, mview(gout, batch), ws);
+    CHECK(download(gout) == expected);
+    CHECK(download(glogits) == penalized);
+  }
+  loom::buffer<float, loom::cuda> logits(2 * 10);
+  loom::buffer<kv::token_id, loom::cuda> out(2);
+  kv::sampling_workspace ws;
+  const std::vector<kv::token_id> bad{3, 10};
+  const std::vector<std::span<const kv::token_id>> h{bad, {}};
+  const std::vector<std::int64_t> pos{0, 0};
+  const std::vector<sp> penalised{{.repetition_penalty = 1.2f}, {}}, bad_top_p{{.temperature = 1.f, .top_p = 0.f}, {}};
+  CHECK_THROWS_WITH_AS(kv::sample(loom::cuda{}, mview(logits, 2, 10), penalised, h, pos, mview(out, 2), ws),
+                       doctest::Contains("history token 10 of row 0 outside the vocabulary of 10"), loom::error);
+  CHECK_THROWS_WITH_AS(kv::sample(loom::cuda{}, mview(logits, 2, 10), bad_top_p, h, pos, mview(out, 2), ws),
+                       doctest::Contains("top_p must be in (0, 1], got 0"), loom::error);
+  CHECK_THROWS_WITH_AS(kv::sample(loom::cuda{}, mview(logits, 2, 10), penalised, h, std::span(pos).first(1), mview(out, 2), ws),
+                       doctest::Contains("2 rows of logits, 2 params, 2 histories, 1 positions"), loom::error);
 }
