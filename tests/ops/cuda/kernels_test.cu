@@ -610,7 +610,47 @@ void check_gemm(const ops::cublas_handle& handle, double rtol, double atol) {
     require_close(got, want, rtol, atol, "gemm");
   }
 }
+
+/// A batch of 3: B per matrix, broadcast (batch stride 0) or transposed per matrix (the
+/// attention scores' Q K^T); C = 0.5 A B + C, against naive products of each matrix.
+template <class T>
+void check_gemm_batched(const ops::cublas_handle& handle, double rtol, double atol) {
+  const index_t batch = 3, m = 33, k = 40, n = 21;
+  const auto a = random_vector<T>(std::size_t(batch * m * k), 19), b = random_vector<T>(std::size_t(batch * k * n), 20);
+  const auto c0 = random_vector<float>(std::size_t(batch * m * n), 21);
+  auto ga = upload(a), gb = upload(b);
+  for (int mode = 0; mode < 3; ++mode) {  // 0: B per matrix, 1: one B for all, 2: B^T per matrix
+    CAPTURE(mode);
+    auto gc = upload(c0);
+    const index_t b_stride = mode == 1 ? 0 : k * n;
+    const auto bv = mode == 2 ? loom::tensor_view<const T, loom::cuda, 3>(gb.data(), {batch, k, n}, {k * n, 1, k})
+                              : loom::tensor_view<const T, loom::cuda, 3>(gb.data(), {batch, k, n}, {b_stride, n, 1});
+    ops::gemm_batched(loom::cuda{}, handle, cview(ga, batch, m, k), bv, mview(gc, batch, m, n), 0.5f, 1.f);
+    std::vector<double> want;
+    for (index_t q = 0; q < batch; ++q) {
+      const std::vector<T> aq(a.begin() + q * m * k, a.begin() + (q + 1) * m * k);
+      const index_t bq = mode == 1 ? 0 : q;
+      const std::vector<T> bm(b.begin() + bq * k * n, b.begin() + (bq + 1) * k * n);
+      const auto prod = naive_gemm(aq, bm, m, k, n, mode == 2);
+      for (index_t i = 0; i < m * n; ++i) want.push_back(0.5 * prod[std::size_t(i)] + c0[std::size_t(q * m * n + i)]);
+    }
+    require_close(download(gc), want, rtol, atol, "gemm_batched");
+  }
+}
+
 }  // namespace
+
+TEST_CASE("cuBLAS strided batched GEMM: per-matrix, broadcast and transposed B, alpha and beta") {
+  const ops::cublas_handle handle;
+  check_gemm_batched<float>(handle, 1e-4, 1e-4);
+  check_gemm_batched<loom::bfloat16>(handle, 1e-3, 1e-3);
+  loom::buffer<float, loom::cuda> a(24), b(24), c(16);
+  CHECK_THROWS_WITH_AS(ops::gemm_batched(loom::cuda{}, handle, cview(a, 2, 3, 4), cview(b, 3, 4, 2), mview(c, 2, 3, 2)),
+                       doctest::Contains("batches differ: A 2, B 3, C 2"), loom::error);
+  const loom::tensor_view<float, loom::cuda, 3> overlapping(c.data(), {2, 2, 2}, {1, 2, 1});
+  CHECK_THROWS_WITH_AS(ops::gemm_batched(loom::cuda{}, handle, cview(a, 2, 2, 4), cview(b, 2, 4, 2), overlapping),
+                       doctest::Contains("C's matrices overlap"), loom::error);
+}
 
 TEST_CASE("cuBLAS GEMM: fp32, and bf16 / fp16 operands with fp32 accumulation, against a double product") {
   const ops::cublas_handle handle;

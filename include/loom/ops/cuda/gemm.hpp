@@ -85,32 +85,52 @@ cublas_operand cublas_layout(const V& v, const char* what) {
 }
 }  // namespace detail
 
-/// C[M, N] = alpha * A[M, K] B[K, N] + beta * C on device views, accumulated in fp32. A and B
-/// (same element type: float, bfloat16 or half) may be transposed views; C (float or A's type)
-/// must be row-major. Asynchronous on the handle's stream.
+/// C[i] = alpha * A[i] B[i] + beta * C[i] for every i of a batch of device matrices, in one
+/// cuBLAS call (strided batched): A [batch, M, K], B [batch, K, N], C [batch, M, N]. Each
+/// matrix as in gemm() below (A and B row-major or transposed, C row-major); the batch strides
+/// are the views' first strides, and A's or B's may be 0: one matrix for the whole batch.
+/// Grouped-query attention is one call per layer: a kv head's group of query heads, stacked
+/// ([group * seq, head_dim]: the heads of a group are adjacent), against that kv head's keys.
 template <class TA, class TB, class TC>
-void gemm(cuda, const cublas_handle& handle, tensor_view<TA, cuda, 2> a, tensor_view<TB, cuda, 2> b,
-          tensor_view<TC, cuda, 2> c, float alpha = 1.f, float beta = 0.f) {
+void gemm_batched(cuda, const cublas_handle& handle, tensor_view<TA, cuda, 3> a, tensor_view<TB, cuda, 3> b,
+                  tensor_view<TC, cuda, 3> c, float alpha = 1.f, float beta = 0.f) {
   static_assert(std::is_same_v<std::remove_const_t<TA>, std::remove_const_t<TB>>,
                 "ops::gemm(cuda): A and B must have the same element type");
   static_assert(std::is_same_v<TC, float> || std::is_same_v<TC, std::remove_const_t<TA>>,
                 "ops::gemm(cuda): C must be float or A's element type");
   const char* fn = "ops::gemm(cuda)";
-  const index_t m = a.extent(0), k = a.extent(1), n = b.extent(1);
-  LOOM_CHECK(b.extent(0) == k, fn, ": A is ", detail::str(a.shape()), " and B is ", detail::str(b.shape()), ": inner sizes differ");
-  detail::require_shape(c, extents<2>{m, n}, fn, "C");
-  LOOM_CHECK(c.stride(1) == 1 && c.stride(0) >= n, fn, ": C must be row-major (strides ", detail::str(c.strides()), ")");
-  LOOM_CHECK(m <= index_t(1) << 31 && n <= index_t(1) << 31 && k <= index_t(1) << 31, fn,
-             ": sizes must fit in int, got M=", m, " N=", n, " K=", k);
-  if (m == 0 || n == 0) return;
-  const auto la = detail::cublas_layout(a, "A"), lb = detail::cublas_layout(b, "B");
+  const index_t batch = a.extent(0), m = a.extent(1), k = a.extent(2), n = b.extent(2);
+  LOOM_CHECK(b.extent(0) == batch && c.extent(0) == batch, fn, ": batches differ: A ", batch, ", B ", b.extent(0), ", C ",
+             c.extent(0));
+  LOOM_CHECK(b.extent(1) == k, fn, ": A is ", detail::str(a.shape()), " and B is ", detail::str(b.shape()), ": inner sizes differ");
+  detail::require_shape(c, extents<3>{batch, m, n}, fn, "C");
+  LOOM_CHECK(c.stride(2) == 1 && c.stride(1) >= n, fn, ": C must be row-major (strides ", detail::str(c.strides()), ")");
+  LOOM_CHECK(batch <= 1 || c.stride(0) >= m * c.stride(1), fn, ": C's matrices overlap (strides ", detail::str(c.strides()), ")");
+  LOOM_CHECK(m <= index_t(1) << 31 && n <= index_t(1) << 31 && k <= index_t(1) << 31 && batch <= index_t(1) << 31, fn,
+             ": sizes must fit in int, got M=", m, " N=", n, " K=", k, " batch=", batch);
+  if (m == 0 || n == 0 || batch == 0) return;
+  const auto la = detail::cublas_layout(a[0], "A"), lb = detail::cublas_layout(b[0], "B");
   // Column-major C^T[N, M] = B^T[N, K] A^T[K, M]: cuBLAS's first operand is B.
-  LOOM_CUBLAS_CHECK(cublasGemmEx(handle.get(), lb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                 la.transposed ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                                 static_cast<int>(k), &alpha, b.data(), detail::cuda_type<TB>(), lb.ld, a.data(),
-                                 detail::cuda_type<TA>(), la.ld, &beta, c.data(), detail::cuda_type<TC>(),
-                                 static_cast<int>(std::max<index_t>(c.stride(0), 1)), CUBLAS_COMPUTE_32F,
-                                 CUBLAS_GEMM_DEFAULT));
+  LOOM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle.get(), lb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N, la.transposed ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b.data(), detail::cuda_type<TB>(), lb.ld,
+      static_cast<long long>(b.stride(0)), a.data(), detail::cuda_type<TA>(), la.ld, static_cast<long long>(a.stride(0)), &beta,
+      c.data(), detail::cuda_type<TC>(), static_cast<int>(std::max<index_t>(c.stride(1), 1)),
+      static_cast<long long>(c.stride(0)), static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/// C[M, N] = alpha * A[M, K] B[K, N] + beta * C on device views, accumulated in fp32. A and B
+/// (same element type: float, bfloat16 or half) may be transposed views; C (float or A's type)
+/// must be row-major. Asynchronous on the handle's stream. (A batch of one.)
+template <class TA, class TB, class TC>
+void gemm(cuda, const cublas_handle& handle, tensor_view<TA, cuda, 2> a, tensor_view<TB, cuda, 2> b,
+          tensor_view<TC, cuda, 2> c, float alpha = 1.f, float beta = 0.f) {
+  const auto one = [](auto v) {
+    using V = decltype(v);
+    return tensor_view<typename V::element_type, cuda, 3>(v.data(), extents<3>{1, v.extent(0), v.extent(1)},
+                                                          extents<3>{0, v.stride(0), v.stride(1)});
+  };
+  gemm_batched(cuda{}, handle, one(a), one(b), one(c), alpha, beta);
 }
 
 }  // namespace loom::ops

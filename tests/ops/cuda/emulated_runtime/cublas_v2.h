@@ -1,5 +1,5 @@
 #pragma once
-// The part of cuBLAS loom calls (cublasGemmEx and the handle), on the host, for code compiled
+// The part of cuBLAS loom calls (cublasGemmStridedBatchedEx and the handle), on the host, for code compiled
 // with g++ under the emulator: a plain triple loop in double over column-major operands, the
 // arithmetic of the reference BLAS, so a test of ops::gemm(cuda) checks loom's operand layout
 // (transposes, leading dimensions, the row-major to column-major swap) and not cuBLAS.
@@ -73,35 +73,42 @@ inline void store_element(void* p, cudaDataType_t t, std::int64_t i, double v) {
 inline std::size_t element_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 }  // namespace loom::emulation
 
-/// C = alpha op(A) op(B) + beta C, column-major, fp32 alpha/beta (CUBLAS_COMPUTE_32F).
-inline cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                                   const void* alpha, const void* a, cudaDataType_t at, int lda, const void* b,
-                                   cudaDataType_t bt, int ldb, const void* beta, void* c, cudaDataType_t ct, int ldc,
-                                   cublasComputeType_t compute, cublasGemmAlgo_t) {
+/// C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch (X_i = X + i * strideX), column-major,
+/// fp32 alpha/beta (CUBLAS_COMPUTE_32F).
+inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                                 int k, const void* alpha, const void* a, cudaDataType_t at, int lda,
+                                                 long long stride_a, const void* b, cudaDataType_t bt, int ldb,
+                                                 long long stride_b, const void* beta, void* c, cudaDataType_t ct, int ldc,
+                                                 long long stride_c, int batch, cublasComputeType_t compute,
+                                                 cublasGemmAlgo_t) {
   namespace e = loom::emulation;
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (compute != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
   const int a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
-  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) || ldc < std::max(1, m))
+  if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) ||
+      ldc < std::max(1, m))
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
   // every element the call reads or writes must be device memory
-  const auto span = [](int ld, int cols, int rows) { return static_cast<std::size_t>(ld) * (cols - 1) + rows; };
-  if ((k > 0 && (!e::on_device(a, span(lda, ta == CUBLAS_OP_N ? k : m, a_rows) * e::element_bytes(at)) ||
-                 !e::on_device(b, span(ldb, tb == CUBLAS_OP_N ? n : k, b_rows) * e::element_bytes(bt)))) ||
-      !e::on_device(c, span(ldc, n, m) * e::element_bytes(ct)))
+  const auto span = [&](int ld, int cols, int rows, long long stride) {
+    return (static_cast<std::size_t>(ld) * (cols - 1) + rows + static_cast<std::size_t>(stride) * (batch - 1));
+  };
+  if ((k > 0 && (!e::on_device(a, span(lda, ta == CUBLAS_OP_N ? k : m, a_rows, stride_a) * e::element_bytes(at)) ||
+                 !e::on_device(b, span(ldb, tb == CUBLAS_OP_N ? n : k, b_rows, stride_b) * e::element_bytes(bt)))) ||
+      !e::on_device(c, span(ldc, n, m, stride_c) * e::element_bytes(ct)))
     return CUBLAS_STATUS_INVALID_VALUE;
   const double al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  for (int j = 0; j < n; ++j)
-    for (int i = 0; i < m; ++i) {
-      double s = 0;
-      for (int p = 0; p < k; ++p) {
-        const std::int64_t ai = ta == CUBLAS_OP_N ? i + std::int64_t(p) * lda : p + std::int64_t(i) * lda;
-        const std::int64_t bi = tb == CUBLAS_OP_N ? p + std::int64_t(j) * ldb : j + std::int64_t(p) * ldb;
-        s += e::load_element(a, at, ai) * e::load_element(b, bt, bi);
+  for (long long q = 0; q < batch; ++q)
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i) {
+        double s = 0;
+        for (int p = 0; p < k; ++p) {
+          const std::int64_t ai = q * stride_a + (ta == CUBLAS_OP_N ? i + std::int64_t(p) * lda : p + std::int64_t(i) * lda);
+          const std::int64_t bi = q * stride_b + (tb == CUBLAS_OP_N ? p + std::int64_t(j) * ldb : j + std::int64_t(p) * ldb);
+          s += e::load_element(a, at, ai) * e::load_element(b, bt, bi);
+        }
+        const std::int64_t ci = q * stride_c + i + std::int64_t(j) * ldc;
+        e::store_element(c, ct, ci, al * s + (be == 0 ? 0.0 : be * e::load_element(c, ct, ci)));
       }
-      const std::int64_t ci = i + std::int64_t(j) * ldc;
-      e::store_element(c, ct, ci, al * s + (be == 0 ? 0.0 : be * e::load_element(c, ct, ci)));
-    }
   return CUBLAS_STATUS_SUCCESS;
 }
