@@ -6,8 +6,9 @@
 //     TFLOP/s and % of --peak-tflops (bf16) / --peak-tflops-fp32
 //   paged decode attention (kv::batch_decode_with_paged_kv_cache, bf16 pool, GQA):
 //     the keys and values read per launch / time, GB/s and % of --peak-gbs
-//   paged prefill (kv::batch_prefill_with_paged_kv_cache, bf16 pool, GQA): whole prompts,
-//     model FLOP/s (causal) and % of --peak-tflops-fp32
+//   paged prefill (kv::batch_prefill_with_paged_kv_cache, bf16 pool, GQA): whole prompts, and
+//     a 256-token chunk over 32768 keys (split keys), model FLOP/s (causal) and % of
+//     --peak-tflops-fp32
 //   causal attention forward and backward (ops::attention_forward / _backward, fp32, GQA) at
 //     that model's heads: model FLOP/s (causal half of the seq x seq products: forward 2,
 //     backward 5 GEMM-equivalents) and % of --peak-tflops-fp32
@@ -190,22 +191,26 @@ void bench_attention(const options& o, index_t batch, index_t seq) {
   row("attention backward (fp32, causal)", shape, ms, 10 * pairs / (ms * 1e-3) / 1e12, "TFLOP/s", o.peak_tflops_fp32);
 }
 
-void bench_prefill(const options& o, std::int32_t batch, std::int64_t len) {
+/// Batch entries of `len` keys each whose last `q_len` tokens are the queries (q_len = len:
+/// whole prompts; less: a chunk of a long prompt, where the keys are split across blocks).
+void bench_prefill(const options& o, std::int32_t batch, std::int64_t len, std::int64_t q_len) {
   namespace kv = loom::kv;
   using P = interleaved_pool;
   P pool(batch, len);
   std::vector<std::int32_t> qo_indptr{0};
-  for (std::int32_t b = 0; b < batch; ++b) qo_indptr.push_back(static_cast<std::int32_t>((b + 1) * len));
+  for (std::int32_t b = 0; b < batch; ++b) qo_indptr.push_back(static_cast<std::int32_t>((b + 1) * q_len));
   kv::prefill_workspace ws;
-  auto q = filled<float>(std::size_t(batch * len * P::heads * P::dim), 0.1f), out = filled<float>(q.size(), 0.f);
-  const loom::tensor_view<const float, loom::cuda, 3> qv(q.data(), loom::extents<3>{batch * len, P::heads, P::dim});
-  const loom::tensor_view<float, loom::cuda, 3> ov(out.data(), loom::extents<3>{batch * len, P::heads, P::dim});
+  auto q = filled<float>(std::size_t(batch * q_len * P::heads * P::dim), 0.1f), out = filled<float>(q.size(), 0.f);
+  const loom::tensor_view<const float, loom::cuda, 3> qv(q.data(), loom::extents<3>{batch * q_len, P::heads, P::dim});
+  const loom::tensor_view<float, loom::cuda, 3> ov(out.data(), loom::extents<3>{batch * q_len, P::heads, P::dim});
   const double ms =
       median_ms(o.reps, [&] { kv::batch_prefill_with_paged_kv_cache(loom::cuda{}, qv, qo_indptr, pool.view, pool.csr, ov, ws); });
-  const double flops = 4.0 * double(batch) * double(P::heads) * double(len) * double(len) / 2 * double(P::dim);  // causal
+  // causal: query i of the chunk sees len - q_len + i + 1 keys
+  const double pairs = double(q_len) * double(len - q_len) + double(q_len) * double(q_len + 1) / 2;
+  const double flops = 4.0 * double(batch) * double(P::heads) * pairs * double(P::dim);
   row("paged prefill (bf16 pool, 32 q / 8 kv heads, head_dim 128)",
-      "batch " + std::to_string(batch) + ", prompt " + std::to_string(len), ms, flops / (ms * 1e-3) / 1e12, "TFLOP/s",
-      o.peak_tflops_fp32);
+      "batch " + std::to_string(batch) + ", " + std::to_string(q_len) + " queries over " + std::to_string(len) + " keys", ms,
+      flops / (ms * 1e-3) / 1e12, "TFLOP/s", o.peak_tflops_fp32);
 }
 
 void bench_nf4(const options& o, index_t rows, index_t cols) {
@@ -288,7 +293,8 @@ int main(int argc, char** argv) try {
   bench_gemm<float>(o, h, tokens, 2048, 2048, "fp32", o.peak_tflops_fp32);
   for (auto [batch, len] : {std::pair<std::int32_t, std::int64_t>{1, 32768}, {16, 4096}, {64, 4096}})
     if (!o.quick || batch == 16) bench_decode(o, batch, len);
-  bench_prefill(o, o.quick ? 1 : 4, 2048);
+  bench_prefill(o, o.quick ? 1 : 4, 2048, 2048);
+  bench_prefill(o, 1, 32768, 256);  // a chunk of a long prompt: split keys
   bench_attention(o, tokens / 2048, 2048);
   bench_nf4(o, 4096, o.quick ? 4096 : 11008);
   bench_rows(o, tokens, 2048, 32000);

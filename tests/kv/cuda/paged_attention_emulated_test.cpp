@@ -20,6 +20,7 @@
 
 #include "kv/cuda/scrambled_pool.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -70,7 +71,7 @@ void check(std::int32_t block_size, std::int64_t nh, std::int64_t hk, std::int64
                  csr.last_page_len.data(), block_size, hk, static_cast<std::int32_t>(dim), scale, splits, eout.data(),
                  acc.data(), m.data(), l.data());
   if (splits > 1)
-    emulate_launch(kernels::decode_merge, dim3{unsigned(nh), unsigned(batch), 1}, 64, static_cast<const float*>(acc.data()),
+    emulate_launch(kernels::merge_splits, dim3{unsigned(nh), unsigned(batch), 1}, 64, static_cast<const float*>(acc.data()),
                    static_cast<const float*>(m.data()), static_cast<const float*>(l.data()), splits,
                    static_cast<std::int32_t>(dim), eout.data());
   std::size_t bad = 0;
@@ -103,16 +104,29 @@ void check_prefill(std::int32_t block_size, std::int64_t nh, std::int64_t hk, st
   params.causal = causal;
   kv::batch_prefill_with_paged_kv_cache(host{}, make_view(q.data(), total_q, nh, dim), qo_indptr, cache_view, pool.csr,
                                         make_view(out.data(), total_q, nh, dim), params);
-  const auto shape = kernels::prefill_launch(static_cast<std::int32_t>(kv_lens.size()), nh, max_q, static_cast<std::int32_t>(dim));
-  REQUIRE(shape.smem <= loom::emulation::dynamic_shared_bytes);
-  loom::ops::kernels::with_dims_per_lane(dim, [&](auto dpl) {
-    emulate_launch(kernels::prefill_tiles<T, decltype(dpl)::value>, dim3{shape.x, shape.y, shape.z},
-                   loom::ops::kernels::attention_warps * 32, q.data(), static_cast<const std::int32_t*>(qo_indptr.data()),
-                   static_cast<const T*>(cache.data()), pool.csr.indptr.data(), pool.csr.indices.data(),
-                   pool.csr.last_page_len.data(), block_size, hk, static_cast<std::int32_t>(dim),
-                   1.f / std::sqrt(static_cast<float>(dim)), causal, eout.data());
-  });
-  require_close(eout, out, 1e-5, 1e-5, "prefill");
+  const std::int64_t max_kv = *std::max_element(kv_lens.begin(), kv_lens.end());
+  for (std::int64_t splits : {1, 2, 3}) {  // the launch code picks one split below 1024 keys: these force more
+    CAPTURE(splits);
+    const std::int64_t split_keys = kernels::prefill_split_keys(max_kv, splits);
+    const auto shape = kernels::prefill_launch(static_cast<std::int32_t>(kv_lens.size()), nh, max_q,
+                                               static_cast<std::int32_t>(dim), splits);
+    REQUIRE(shape.smem <= loom::emulation::dynamic_shared_bytes);
+    std::vector<float> acc(std::size_t(total_q * nh * splits * dim)), m(std::size_t(total_q * nh * splits)), l(m.size());
+    std::fill(eout.begin(), eout.end(), -9.f);
+    loom::ops::kernels::with_dims_per_lane(dim, [&](auto dpl) {
+      emulate_launch(kernels::prefill_tiles<T, decltype(dpl)::value>, dim3{shape.x, shape.y, shape.z},
+                     loom::ops::kernels::attention_warps * 32, q.data(), static_cast<const std::int32_t*>(qo_indptr.data()),
+                     static_cast<const T*>(cache.data()), pool.csr.indptr.data(), pool.csr.indices.data(),
+                     pool.csr.last_page_len.data(), block_size, hk, static_cast<std::int32_t>(dim),
+                     1.f / std::sqrt(static_cast<float>(dim)), causal, eout.data(), splits, split_keys, acc.data(), m.data(),
+                     l.data());
+    });
+    if (splits > 1)
+      emulate_launch(kernels::merge_splits, dim3{unsigned(nh), unsigned(total_q), 1}, 64, static_cast<const float*>(acc.data()),
+                     static_cast<const float*>(m.data()), static_cast<const float*>(l.data()), splits,
+                     static_cast<std::int32_t>(dim), eout.data());
+    require_close(eout, out, 1e-5, 1e-5, "prefill");
+  }
 }
 
 }  // namespace

@@ -379,10 +379,10 @@ namespace {
 /// Ragged prefill on the GPU against the host's over the same scrambled pool (kernels
 /// appended on the host, the pool uploaded): a whole prompt, a decode row and a chunk.
 template <class T>
-void check_paged_prefill(std::int32_t block_size, std::int64_t nh, std::int64_t hk, std::int64_t dim, bool causal) {
+void check_paged_prefill(std::int32_t block_size, std::int64_t nh, std::int64_t hk, std::int64_t dim, bool causal,
+                         const std::vector<std::int64_t>& kv_lens = {300, 5, 700},
+                         const std::vector<std::int32_t>& qo_indptr = {0, 300, 301, 334}) {  // a whole prompt, a decode row, a chunk of 33
   namespace kv = loom::kv;
-  const std::vector<std::int64_t> kv_lens{300, 5, 700};
-  const std::vector<std::int32_t> qo_indptr{0, 300, 301, 334};  // a whole prompt, a decode row, a chunk of 33
   kv::testing::scrambled_pool pool(block_size, kv_lens);
   const std::size_t cache_elems = std::size_t(pool.num_blocks) * 2 * std::size_t(block_size * hk * dim);
   std::vector<T> cache(cache_elems, T(0.f));
@@ -410,10 +410,17 @@ void check_paged_prefill(std::int32_t block_size, std::int64_t nh, std::int64_t 
 
 }  // namespace
 
-TEST_CASE("paged prefill on the GPU equals the host's (ragged queries, causal and not, GQA and MQA, a bf16 pool)") {
+TEST_CASE("paged prefill on the GPU equals the host's (ragged queries, causal and not, GQA and MQA, a bf16 pool, split keys)") {
   check_paged_prefill<float>(16, 8, 2, 128, true);
   check_paged_prefill<float>(16, 8, 2, 128, false);
   check_paged_prefill<loom::bfloat16>(8, 6, 1, 96, true);
+  // chunks of long prompts and a decode row: few query tiles, many keys, so the keys are split
+  // (kernels::prefill_splits) and the ranges merged
+  const std::vector<std::int64_t> long_kv{emulated ? 2100 : 20000, emulated ? 1500 : 2500, 40};
+  const auto chunks = emulated ? std::vector<std::int32_t>{0, 32, 48, 49} : std::vector<std::int32_t>{0, 64, 97, 98};
+  REQUIRE(loom::kv::kernels::prefill_splits(2 * 8 * 3, long_kv[0], chunks.back()) > 1);  // <= 2 query tiles a sequence
+  check_paged_prefill<float>(16, 8, 2, 128, true, long_kv, chunks);
+  check_paged_prefill<loom::bfloat16>(16, 8, 2, 64, false, long_kv, chunks);
   loom::kv::testing::scrambled_pool pool(16, {4, 6});
   loom::kv::paged_kv_csr_device dcsr;
   dcsr.upload(pool.csr);

@@ -151,8 +151,9 @@ __global__ void __launch_bounds__(decode_warps * 32)
   }
 }
 
-/// One block per (head, sequence): the splits' states merged in split order, normalised.
-__global__ void decode_merge(const float* __restrict__ ws_acc, const float* __restrict__ ws_m, const float* __restrict__ ws_l,
+/// One block per (head, row): the splits' states of a decode row (a sequence) or of a prefill
+/// query row, merged in split order, normalised. Row bh = blockIdx.y * gridDim.x + blockIdx.x.
+__global__ void merge_splits(const float* __restrict__ ws_acc, const float* __restrict__ ws_m, const float* __restrict__ ws_l,
                              std::int64_t splits, std::int32_t dim, float* __restrict__ out) {
   const std::int64_t bh = static_cast<std::int64_t>(blockIdx.y) * gridDim.x + blockIdx.x, s0 = bh * splits;
   for (std::int32_t d = threadIdx.x; d < dim; d += blockDim.x) {
@@ -166,23 +167,28 @@ __global__ void decode_merge(const float* __restrict__ ws_acc, const float* __re
   }
 }
 
-/// Ragged prefill: one block per (query tile, head, sequence) of attention_warps warps, the
-/// training forward's tiles (ops/cuda/attention.cuh: a warp carries rows r0 + w +
+/// Ragged prefill: one block per (query tile, key range, head, sequence) of attention_warps
+/// warps, the training forward's tiles (ops/cuda/attention.cuh: a warp carries rows r0 + w +
 /// attention_warps i, a lane scores one key of a 32-key tile staged in shared memory,
 /// online_softmax_tile folds the tile in); the keys come from the sequence's pages. Query i of
 /// a sequence of q_len queries and kv_len keys sits at position kv_len - q_len + i. Blocks past
-/// a sequence's last tile return at once.
+/// a sequence's last tile return at once. blockIdx.x = tile * splits + split: with one split
+/// the block writes its rows' outputs; with several, split s takes keys [s split_keys,
+/// (s + 1) split_keys) and writes its rows' online-softmax states (m, l, unnormalised acc;
+/// a range past a row's visible keys leaves the empty state) for merge_splits.
 template <class T, int DPL>
 __global__ void __launch_bounds__(ops::kernels::attention_warps * 32)
     prefill_tiles(const float* __restrict__ q, const std::int32_t* __restrict__ qo_indptr, const T* __restrict__ cache,
                   const std::int32_t* __restrict__ indptr, const std::int32_t* __restrict__ indices,
                   const std::int32_t* __restrict__ last_page_len, std::int32_t bs, std::int64_t hk, std::int32_t dim,
-                  float scale, bool causal, float* __restrict__ out) {
+                  float scale, bool causal, float* __restrict__ out, std::int64_t splits, std::int64_t split_keys,
+                  float* __restrict__ ws_acc, float* __restrict__ ws_m, float* __restrict__ ws_l) {
   namespace ok = ops::kernels;
   constexpr int RPW = ok::attention_rows_per_warp, rows = ok::attention_warps * RPW, tk = ok::attention_tile_keys;
   const std::int32_t b = static_cast<std::int32_t>(blockIdx.z);
   const std::int64_t h = blockIdx.y, nh = gridDim.y, q0 = qo_indptr[b], q_len = qo_indptr[b + 1] - q0;
-  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.x) * rows;
+  const std::int64_t split = static_cast<std::int64_t>(blockIdx.x) % splits;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.x) / splits * rows;
   if (r0 >= q_len) return;  // the whole block, before any barrier
   const std::int64_t r1 = r0 + rows < q_len ? r0 + rows : q_len, kv_len = kv_len_of(indptr, last_page_len, b, bs);
   const std::int64_t kvh = h / (nh / hk), token_stride = hk * dim, kv_half = bs * token_stride, block_stride = 2 * kv_half;
@@ -195,8 +201,9 @@ __global__ void __launch_bounds__(ops::kernels::attention_warps * 32)
   auto visible = [&](std::int64_t i) { return causal ? kv_len - q_len + i + 1 : kv_len; };
   const std::int32_t* pages = indices + indptr[b];
   ok::online_softmax_rows<RPW, DPL> st;
-  const std::int64_t kmax = visible(r1 - 1);
-  for (std::int64_t t0 = 0; t0 < kmax; t0 += tk) {
+  const std::int64_t k_first = split * split_keys, k_last = visible(r1 - 1);
+  const std::int64_t kmax = splits == 1 || k_first + split_keys > k_last ? k_last : k_first + split_keys;
+  for (std::int64_t t0 = k_first; t0 < kmax; t0 += tk) {
     const int nk = static_cast<int>(kmax - t0 < tk ? kmax - t0 : tk);
     __syncthreads();  // the previous tile is consumed (and the query rows are staged)
     for (int e = static_cast<int>(threadIdx.x); e < nk * dim; e += static_cast<int>(blockDim.x)) {
@@ -218,14 +225,42 @@ __global__ void __launch_bounds__(ops::kernels::attention_warps * 32)
   for (int i = 0; i < RPW; ++i) {
     const std::int64_t r = r0 + warp + ok::attention_warps * i;
     if (r >= r1) continue;
-    st.write(i, out + ((q0 + r) * nh + h) * dim, dim, lane);  // a row without a visible key: zeros, as on the host
+    if (splits == 1) {
+      st.write(i, out + ((q0 + r) * nh + h) * dim, dim, lane);  // a row without a visible key: zeros, as on the host
+      continue;
+    }
+    const std::int64_t state = ((q0 + r) * nh + h) * splits + split;
+    if (lane == 0) ws_m[state] = st.m[i], ws_l[state] = st.l[i];
+#pragma unroll
+    for (int e = 0; e < DPL; ++e)
+      if (lane + 32 * e < dim) ws_acc[state * dim + lane + 32 * e] = st.acc[i][e];
   }
 }
 
-/// Grid and dynamic shared memory of prefill_tiles for the longest query run of the batch.
+inline constexpr std::int64_t prefill_min_keys = 1024;        // keys per split at least
+inline constexpr std::int64_t prefill_max_splits = 32;
+inline constexpr std::int64_t prefill_enough_blocks = 1024;   // several waves on any current GPU
+
+/// Key ranges each query tile's keys are cut into: only when the grid would be small (a
+/// chunk of a long prompt, a few long sequences) and the keys many; at most what fills
+/// prefill_enough_blocks. One when the merge's grid could not hold the query rows.
+inline std::int64_t prefill_splits(std::int64_t blocks, std::int64_t max_kv_len, std::int64_t total_q) {
+  if (blocks <= 0 || blocks >= prefill_enough_blocks || total_q > 65535) return 1;
+  const std::int64_t fill = (prefill_enough_blocks + blocks - 1) / blocks;
+  return std::clamp<std::int64_t>(max_kv_len / prefill_min_keys, 1, std::min(prefill_max_splits, fill));
+}
+/// Keys a split takes: the longest sequence's keys over the splits, whole tiles.
+inline std::int64_t prefill_split_keys(std::int64_t max_kv_len, std::int64_t splits) {
+  constexpr std::int64_t tk = ops::kernels::attention_tile_keys;
+  return ((max_kv_len + splits - 1) / splits + tk - 1) / tk * tk;
+}
+
+/// Grid and dynamic shared memory of prefill_tiles for the longest query run of the batch,
+/// each query tile's keys cut into `splits` ranges.
 inline ops::kernels::attention_launch prefill_launch(std::int32_t batch, std::int64_t heads, std::int64_t max_q_len,
-                                                     std::int32_t dim) {
+                                                     std::int32_t dim, std::int64_t splits = 1) {
   auto l = ops::kernels::attention_query_launch(1, max_q_len, heads, dim, 1);
+  l.x *= static_cast<unsigned>(splits);
   l.z = static_cast<unsigned>(batch);
   return l;
 }
@@ -350,16 +385,18 @@ void batch_decode_with_paged_kv_cache(cuda, tensor_view<const float, cuda, 3> q,
   LOOM_CUDA_CHECK(cudaGetLastError());
   if (splits == 1) return;
   const dim3 merge_grid(static_cast<unsigned>(nh), static_cast<unsigned>(csr.batch));
-  LOOM_LAUNCH(kernels::decode_merge, merge_grid, 128, 0, stream)(ws.acc.data(), ws.m.data(), ws.l.data(), splits,
+  LOOM_LAUNCH(kernels::merge_splits, merge_grid, 128, 0, stream)(ws.acc.data(), ws.m.data(), ws.l.data(), splits,
                                                              static_cast<std::int32_t>(dim), out.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
-/// Device scratch of batch prefill: qo_indptr on the device and the longest query run.
+/// Device scratch of batch prefill: qo_indptr on the device and the longest query run, and the
+/// split-KV ranges' states (decode_workspace's).
 struct prefill_workspace {
   buffer<std::int32_t, cuda> qo_indptr;
   std::int64_t max_q_len = 0;
-  explicit prefill_workspace(memory_resource& r = default_resource<cuda>()) : qo_indptr(0, r), mr_(&r) {}
+  decode_workspace states;
+  explicit prefill_workspace(memory_resource& r = default_resource<cuda>()) : qo_indptr(0, r), states(r), mr_(&r) {}
 
   /// Copies qo_indptr (host) to the device; asynchronous on `stream` (the span must outlive it).
   void upload(std::span<const std::int32_t> host_indptr, cudaStream_t stream) {
@@ -407,13 +444,23 @@ void batch_prefill_with_paged_kv_cache(cuda, tensor_view<const float, cuda, 3> q
   ws.upload(qo_indptr, stream);
   if (csr.batch == 0 || ws.max_q_len == 0) return;
   const float scale = params.sm_scale > 0.f ? params.sm_scale : 1.f / std::sqrt(static_cast<float>(dim));
-  const auto shape = kernels::prefill_launch(csr.batch, nh, ws.max_q_len, static_cast<std::int32_t>(dim));
+  const auto one = kernels::prefill_launch(csr.batch, nh, ws.max_q_len, static_cast<std::int32_t>(dim));
+  const std::int64_t total_q = q.extent(0), max_kv = csr.max_kv_len();
+  const std::int64_t splits = kernels::prefill_splits(std::int64_t(one.x) * one.y * one.z, max_kv, total_q);
+  const std::int64_t split_keys = kernels::prefill_split_keys(max_kv, splits);
+  const auto shape = kernels::prefill_launch(csr.batch, nh, ws.max_q_len, static_cast<std::int32_t>(dim), splits);
+  if (splits > 1) ws.states.reserve(total_q * nh * splits, dim);
   ops::kernels::with_dims_per_lane(dim, [&](auto dpl) {
     ops::kernels::launch_attention(kernels::prefill_tiles<std::remove_const_t<T>, decltype(dpl)::value>, shape, stream,
                                    q.data(), static_cast<const std::int32_t*>(ws.qo_indptr.data()), cache.data(),
                                    csr.indptr.data(), csr.indices.data(), csr.last_page_len.data(), csr.block_size,
-                                   cache.extent(3), static_cast<std::int32_t>(dim), scale, params.causal, out.data());
+                                   cache.extent(3), static_cast<std::int32_t>(dim), scale, params.causal, out.data(), splits,
+                                   split_keys, ws.states.acc.data(), ws.states.m.data(), ws.states.l.data());
   });
+  if (splits == 1) return;
+  LOOM_LAUNCH(kernels::merge_splits, dim3(static_cast<unsigned>(nh), static_cast<unsigned>(total_q)), 128, 0, stream)
+  (ws.states.acc.data(), ws.states.m.data(), ws.states.l.data(), splits, static_cast<std::int32_t>(dim), out.data());
+  LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace loom::kv
