@@ -19,7 +19,9 @@
 
 #define LOOM_CUDA_EMULATION 1
 
-#if !defined(__x86_64__)
+#if defined(__x86_64__) && !defined(LOOM_EMULATION_UCONTEXT)
+#define LOOM_EMULATION_OWN_SWITCH 1
+#else
 #include <ucontext.h>
 #endif
 #if defined(__SANITIZE_ADDRESS__)
@@ -58,8 +60,9 @@ inline float* dynamic_shared_floats() {
 // ---- Switching stacks ------------------------------------------------------------------
 // x86-64: a switch saves the callee-saved registers on the stack it leaves and restores them
 // from the one it enters (no system call; glibc's swapcontext also saves the signal mask, a
-// system call a switch, which made fibers no faster than threads). Elsewhere: ucontext.
-#if defined(__x86_64__)
+// system call a switch, which made fibers no faster than threads). Elsewhere, or with
+// LOOM_EMULATION_UCONTEXT defined (to test that path on x86-64): ucontext.
+#if defined(LOOM_EMULATION_OWN_SWITCH)
 extern "C" void loom_emulation_switch(void** save_sp, void* next_sp);
 asm(R"(
   .pushsection .text

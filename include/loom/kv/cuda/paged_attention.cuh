@@ -386,7 +386,7 @@ void batch_decode_with_paged_kv_cache(cuda, tensor_view<const float, cuda, 3> q,
   if (splits == 1) return;
   const dim3 merge_grid(static_cast<unsigned>(nh), static_cast<unsigned>(csr.batch));
   LOOM_LAUNCH(kernels::merge_splits, merge_grid, 128, 0, stream)(ws.acc.data(), ws.m.data(), ws.l.data(), splits,
-                                                             static_cast<std::int32_t>(dim), out.data());
+                                                                 static_cast<std::int32_t>(dim), out.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 

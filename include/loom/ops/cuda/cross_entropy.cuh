@@ -190,7 +190,7 @@ void count_targets(tensor_view<Tgt, cuda, 1> targets, index_t vocab, std::int64_
   const unsigned long long init[2] = {0, static_cast<unsigned long long>(targets.numel())};
   LOOM_CUDA_CHECK(cudaMemcpyAsync(ws.stats.data(), init, sizeof init, cudaMemcpyHostToDevice, stream));
   LOOM_LAUNCH(kernels::count_targets, 1, kernels::row_block, 0, stream)(targets.data(), targets.numel(), vocab, ignore,
-                                                               ws.stats.data());
+                                                                       ws.stats.data());
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 }  // namespace detail

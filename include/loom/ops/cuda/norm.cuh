@@ -79,9 +79,8 @@ void rmsnorm_forward(cuda, device_in_view<T, 2> x, tensor_view<P, cuda, 1> w, te
   LOOM_CHECK(eps > T(0), fn, ": eps must be > 0, got eps=", eps);
   LOOM_CHECK(n <= kernels::grid_cap, fn, ": rows=", n, " above the supported ", kernels::grid_cap);
   if (n == 0) return;
-  LOOM_LAUNCH(kernels::rmsnorm_forward, static_cast<unsigned>(n),
-              kernels::row_block, 0, stream)(x.data(), w.data(), y.data(),
-                                                                                       rstd.data(), d, eps);
+  LOOM_LAUNCH(kernels::rmsnorm_forward, static_cast<unsigned>(n), kernels::row_block, 0, stream)(
+      x.data(), w.data(), y.data(), rstd.data(), d, eps);
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
