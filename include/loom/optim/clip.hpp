@@ -44,6 +44,15 @@ inline double global_norm(std::initializer_list<std::span<const float>> pieces, 
   return std::sqrt(static_cast<double>(reduce(s)));
 }
 
+/// The factor gradients of global norm `norm` are scaled by to reach at most max_norm (torch's
+/// rule), or 1: no clipping (a norm within max_norm, or a non-finite norm: amp skips that step).
+/// Both backends' clip_by_global_norm (optim/cuda/clip.cuh) scale by it.
+inline float clip_factor(double norm, double max_norm) {
+  if (!std::isfinite(norm)) return 1.f;
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? static_cast<float>(coef) : 1.f;
+}
+
 /// Clips this rank's pieces to a global norm of at most max_norm; returns the norm before clipping.
 template <comm::scalar_reducer<double> R = comm::no_reduce>
 inline double clip_by_global_norm(std::initializer_list<std::span<float>> pieces, double max_norm, R&& reduce = {}) {
@@ -51,13 +60,9 @@ inline double clip_by_global_norm(std::initializer_list<std::span<float>> pieces
   double s = 0;
   for (auto p : pieces) s += sum_of_squares(p);
   const double norm = std::sqrt(static_cast<double>(reduce(s)));
-  if (!std::isfinite(norm)) return norm;
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    const float c = static_cast<float>(coef);
+  if (const float c = clip_factor(norm, max_norm); c != 1.f)
     for (auto p : pieces)
       for (float& g : p) g *= c;
-  }
   return norm;
 }
 

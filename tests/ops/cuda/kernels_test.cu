@@ -41,6 +41,7 @@
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/clip.hpp>
 #include <loom/optim/cuda/adamw.cuh>
+#include <loom/optim/cuda/clip.cuh>
 #include <loom/quant/cuda/nf4.cuh>
 #include <loom/quant/nf4.hpp>
 
@@ -754,4 +755,44 @@ TEST_CASE("token sampling on the GPU picks the host sampler's token (greedy, tem
                        doctest::Contains("top_p must be in (0, 1], got 0"), loom::error);
   CHECK_THROWS_WITH_AS(kv::sample(loom::cuda{}, mview(logits, 2, 10), penalised, h, std::span(pos).first(1), mview(out, 2), ws),
                        doctest::Contains("2 rows of logits, 2 params, 2 histories, 1 positions"), loom::error);
+}
+
+TEST_CASE("global-norm clipping on the GPU equals optim::clip_by_global_norm (clipped, not clipped, inf, a reducer)") {
+  const std::vector<std::size_t> sizes{1000, 3, emulated ? 7001 : 70001};
+  const auto make = [&](float spread) {
+    std::vector<std::vector<float>> pieces;
+    for (std::size_t i = 0; i < sizes.size(); ++i) pieces.push_back(random_vector<float>(sizes[i], 60 + int(i), spread));
+    return pieces;
+  };
+  const auto doubled = [](double s) { return 2 * s; };  // as if a second rank held the same squares
+  loom::optim::clip_workspace ws;
+  for (double max_norm : {1.0, 1e9}) {
+    for (bool reduce : {false, true}) {
+      CAPTURE(max_norm);
+      CAPTURE(reduce);
+      auto host = make(0.5f);
+      std::vector<loom::buffer<float, loom::cuda>> dev;
+      for (const auto& p : host) dev.push_back(upload(p));
+      const double want = reduce ? loom::optim::clip_by_global_norm({host[0], host[1], host[2]}, max_norm, doubled)
+                                 : loom::optim::clip_by_global_norm({host[0], host[1], host[2]}, max_norm);
+      const std::initializer_list<loom::tensor_view<float, loom::cuda, 1>> views{
+          mview(dev[0], index_t(sizes[0])), mview(dev[1], index_t(sizes[1])), mview(dev[2], index_t(sizes[2]))};
+      const double got = reduce ? loom::optim::clip_by_global_norm(loom::cuda{}, views, max_norm, ws, doubled)
+                                : loom::optim::clip_by_global_norm(loom::cuda{}, views, max_norm, ws);
+      CHECK(std::abs(got - want) <= 1e-10 * want);
+      for (std::size_t i = 0; i < host.size(); ++i) {
+        if (max_norm > 1e8) CHECK(download(dev[i]) == host[i]);  // not clipped: untouched
+        else require_close(download(dev[i]), host[i], 1e-6, 0, "clipped gradients");
+      }
+    }
+  }
+  auto host = make(0.5f);
+  host[1][2] = std::numeric_limits<float>::infinity();
+  auto d0 = upload(host[0]), d1 = upload(host[1]);
+  const double norm = loom::optim::clip_by_global_norm(loom::cuda{}, {mview(d0, index_t(sizes[0])), mview(d1, index_t(sizes[1]))},
+                                                       1.0, ws);
+  CHECK(std::isinf(norm));
+  CHECK(download(d0) == host[0]);  // a non-finite norm clips nothing: amp skips the step
+  CHECK_THROWS_WITH_AS(loom::optim::clip_by_global_norm(loom::cuda{}, {mview(d0, index_t(sizes[0]))}, 0.0, ws),
+                       doctest::Contains("max_norm must be > 0, got max_norm=0"), loom::error);
 }
