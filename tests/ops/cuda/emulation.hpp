@@ -227,6 +227,16 @@ namespace loom::emulation {
 /// sanitizer and -O0 builds.
 inline constexpr std::size_t fiber_stack_bytes = std::size_t(256) << 10;
 
+/// Stacks for `threads` fibers, one buffer for every launch of the process: mapping and
+/// faulting in fresh ones each launch was most of a small launch's cost. Pages no fiber has
+/// touched stay unmapped.
+inline char* fiber_stacks(unsigned threads) {
+  static std::unique_ptr<char[]> stacks;
+  static unsigned count = 0;
+  if (count < threads) stacks.reset(new char[threads * fiber_stack_bytes]), count = threads;
+  return stacks.get();
+}
+
 [[noreturn]] inline void fiber_entry() {
   auto* b = this_block;
 #if defined(__SANITIZE_ADDRESS__)
@@ -251,12 +261,7 @@ void emulate_grid(F body, dim3 grid, unsigned threads) {
   fibers.context.resize(threads);
   fibers.finished.resize(threads);
   fibers.body = std::move(body);
-  // The stacks stay from launch to launch: mapping and faulting in fresh ones each time was
-  // most of a small launch's cost. Untouched pages stay unmapped.
-  static std::unique_ptr<char[]> stacks;
-  static unsigned stack_count = 0;
-  if (stack_count < threads) stacks.reset(new char[threads * fiber_stack_bytes]), stack_count = threads;
-  fibers.stacks = stacks.get(), fibers.stack_bytes = fiber_stack_bytes;
+  fibers.stacks = fiber_stacks(threads), fibers.stack_bytes = fiber_stack_bytes;
 #if defined(__SANITIZE_ADDRESS__)
   fibers.fake_stack.resize(threads);
 #endif
