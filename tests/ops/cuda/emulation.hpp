@@ -1,17 +1,17 @@
 #pragma once
 // A CUDA block on one host thread, so that a kernel's logic (indexing, masks, tiles, warp
-// reductions, barriers) is tested by the CPU CI, which has no GPU. Include this first, then a
-// .cuh whose kernels are written for it (its launch code sits behind
-// `#if !defined(LOOM_CUDA_EMULATION)`), and run a kernel with emulate_launch: a CUDA thread is
-// a fiber (ucontext) with its own stack, and a scheduler resumes the block's fibers in
+// reductions, barriers) is tested by the CPU CI, which has no GPU. Include this first, then
+// loom's .cuh files: a test run with the emulated runtime's headers first on its include path
+// (loom_add_test(... EMULATED ...): emulated_runtime/) calls the headers' own launch code
+// (LOOM_LAUNCH, ops/cuda/launch.hpp), and emulate_launch runs a kernel alone on host data.
+// A CUDA thread is a fiber with its own stack, and a scheduler resumes the block's fibers in
 // thread order, each until it waits; __syncthreads is a barrier of the block's threads; the
 // warp intrinsics exchange values through a per-warp array between two barriers of its 32
 // threads (every lane must reach them, as with a full mask on a GPU); the grid's blocks run
 // one after another; `__shared__` arrays are static (one per kernel, shared by the block's
-// threads) and dynamic shared memory (LOOM_DYNAMIC_SHARED_FLOATS, see ops/cuda/launch.hpp)
-// is one array of dynamic_shared_bytes. Threads that wait at different barriers forever (a
-// __syncthreads inside a branch not every thread takes) end the launch with an exception
-// instead of a hang.
+// threads) and dynamic shared memory (LOOM_DYNAMIC_SHARED_FLOATS) is one array of
+// dynamic_shared_bytes. Threads that wait at different barriers forever (a __syncthreads
+// inside a branch not every thread takes) end the launch with an exception instead of a hang.
 // Why fibers rather than a std::thread per CUDA thread: every shuffle is two barriers of 32
 // threads, and switching fibers costs a fraction of waking OS threads (docs/cuda.md).
 // What it cannot show: races the GPU's memory model allows but these barriers order,
