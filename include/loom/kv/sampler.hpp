@@ -11,6 +11,7 @@
 // tokens sorted by probability (ties broken by token id, so the result is deterministic).
 // The sampler owns its scratch and reuses it: no allocation per token after the first.
 
+#include <loom/core/config.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/random.hpp>
 #include <loom/kv/block_allocator.hpp>
@@ -41,7 +42,7 @@ struct sampling_params {
     LOOM_CHECK(std::isfinite(repetition_penalty) && repetition_penalty > 0.f,
                "sampling_params: repetition_penalty must be > 0, got ", repetition_penalty);
   }
-  bool greedy() const noexcept { return temperature == 0.f; }
+  LOOM_HOST_DEVICE bool greedy() const noexcept { return temperature == 0.f; }
 };
 
 /// Stream of counter_rng used for sampling draws (keeps them apart from weight-init streams).

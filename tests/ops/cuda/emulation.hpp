@@ -115,12 +115,15 @@ inline void make_fiber(fiber_context& c, char* stack, std::size_t bytes, void (*
 inline void switch_fiber(fiber_context& from, fiber_context& to) { swapcontext(&from.uc, &to.uc); }
 #endif
 
+/// Stack of each fiber: kernels keep a few registers' worth of locals; the margin is for
+/// sanitizer and -O0 builds.
+inline constexpr std::size_t fiber_stack_bytes = std::size_t(256) << 10;
+
 /// The fibers of the block being run and the scheduler's context they return to.
 struct block_fibers {
   fiber_context scheduler{};
   std::vector<fiber_context> context;
-  char* stacks = nullptr;
-  std::size_t stack_bytes = 0;
+  char* stacks = nullptr;  // fiber t's: [stacks + t fiber_stack_bytes, + fiber_stack_bytes)
 #if defined(__SANITIZE_ADDRESS__)
   // AddressSanitizer follows the switches (its fake stacks and the stack bounds it checks).
   const void* scheduler_bottom = nullptr;
@@ -153,14 +156,13 @@ inline void to_fiber(unsigned t) {
   b->current = t;
 #if defined(__SANITIZE_ADDRESS__)
   void* fake = nullptr;
-  __sanitizer_start_switch_fiber(&fake, b->stacks + t * b->stack_bytes, b->stack_bytes);
+  __sanitizer_start_switch_fiber(&fake, b->stacks + t * fiber_stack_bytes, fiber_stack_bytes);
 #endif
   switch_fiber(b->scheduler, b->context[t]);
 #if defined(__SANITIZE_ADDRESS__)
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
 }
-inline void yield() { to_scheduler(); }
 
 /// A barrier of `expected` fibers: the last to arrive goes on, the others yield until it has.
 struct barrier {
@@ -173,7 +175,7 @@ struct barrier {
       arrived = 0, ++generation;
       return;
     }
-    while (generation == g) yield();
+    while (generation == g) to_scheduler();
   }
 };
 
@@ -223,9 +225,6 @@ inline unsigned long long atomicMin(unsigned long long* address, unsigned long l
 }
 
 namespace loom::emulation {
-/// Stack of each fiber: kernels keep a few registers' worth of locals; the margin is for
-/// sanitizer and -O0 builds.
-inline constexpr std::size_t fiber_stack_bytes = std::size_t(256) << 10;
 
 /// Stacks for `threads` fibers, one buffer for every launch of the process: mapping and
 /// faulting in fresh ones each launch was most of a small launch's cost. Pages no fiber has
@@ -261,7 +260,7 @@ void emulate_grid(F body, dim3 grid, unsigned threads) {
   fibers.context.resize(threads);
   fibers.finished.resize(threads);
   fibers.body = std::move(body);
-  fibers.stacks = fiber_stacks(threads), fibers.stack_bytes = fiber_stack_bytes;
+  fibers.stacks = fiber_stacks(threads);
 #if defined(__SANITIZE_ADDRESS__)
   fibers.fake_stack.resize(threads);
 #endif

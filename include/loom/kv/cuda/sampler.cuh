@@ -33,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -44,19 +45,16 @@ namespace kernels {
 
 inline constexpr unsigned sample_block = 256;
 
-/// A row's sampling parameters as the kernel reads them.
+/// What the kernel reads of a row: its parameters, its draw, its part of the batch's history.
 struct sample_row {
-  float temperature = 0.f, top_p = 1.f, repetition_penalty = 1.f;
-  std::int32_t top_k = 0;
+  sampling_params params;
   float u = 0.f;                                   ///< the row's uniform draw
   std::int64_t history_begin = 0, history_end = 0;  ///< the row's tokens in the batch's history array
 };
 
-/// The smallest power of two >= n (n >= 1).
+/// The sort's length for a vocabulary of n (n >= 1): the smallest power of two >= n.
 inline std::int64_t sample_padded(std::int64_t n) {
-  std::int64_t p = 1;
-  while (p < n) p <<= 1;
-  return p;
+  return static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(n)));
 }
 
 __global__ void __launch_bounds__(sample_block)
@@ -65,16 +63,17 @@ __global__ void __launch_bounds__(sample_block)
                 token_id* __restrict__ ids, double* __restrict__ weights, token_id* __restrict__ out) {
   const unsigned b = blockIdx.x, t = threadIdx.x, step = blockDim.x;
   const sample_row r = rows[b];
+  const sampling_params& p = r.params;
   float* row = logits + static_cast<std::int64_t>(b) * vocab;
-  if (r.repetition_penalty != 1.f) {
+  if (p.repetition_penalty != 1.f) {
     unsigned char* mask = seen + static_cast<std::int64_t>(b) * vocab;
     for (std::int64_t i = r.history_begin + t; i < r.history_end; i += step) mask[history[i]] = 1;
     __syncthreads();
     for (std::int32_t j = static_cast<std::int32_t>(t); j < vocab; j += static_cast<std::int32_t>(step))
-      if (mask[j]) row[j] = ops::math::repetition_penalized(row[j], r.repetition_penalty), mask[j] = 0;
+      if (mask[j]) row[j] = ops::math::repetition_penalized(row[j], p.repetition_penalty), mask[j] = 0;
     __syncthreads();
   }
-  if (r.temperature == 0.f) {  // greedy: the first candidate in order
+  if (p.greedy()) {  // the first candidate in order
     __shared__ float best_logit[sample_block];
     __shared__ token_id best_id[sample_block];
     float bl = -std::numeric_limits<float>::infinity();
@@ -115,13 +114,13 @@ __global__ void __launch_bounds__(sample_block)
       }
       __syncthreads();
     }
-  const std::int32_t keep = r.top_k > 0 && r.top_k < vocab ? r.top_k : vocab;
+  const std::int32_t keep = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
   double* w = weights + static_cast<std::int64_t>(b) * padded;
   const double max = key[0];
   for (std::int32_t i = static_cast<std::int32_t>(t); i < keep; i += static_cast<std::int32_t>(step))
-    w[i] = ops::math::sampling_weight(key[i], max, r.temperature);
+    w[i] = ops::math::sampling_weight(key[i], max, p.temperature);
   __syncthreads();
-  if (t == 0) out[b] = id[ops::math::draw_candidate(w, keep, r.top_p, r.u)];
+  if (t == 0) out[b] = id[ops::math::draw_candidate(w, keep, p.top_p, r.u)];
 }
 
 }  // namespace kernels
@@ -184,7 +183,7 @@ inline void sample(cuda, tensor_view<float, cuda, 2> logits, std::span<const sam
     const auto& p = params[static_cast<std::size_t>(b)];
     p.validate();
     auto& r = ws.host_rows[static_cast<std::size_t>(b)];
-    r.temperature = p.temperature, r.top_p = p.top_p, r.repetition_penalty = p.repetition_penalty, r.top_k = p.top_k;
+    r.params = p;
     r.u = counter_rng(p.seed, sampling_stream).uniform(static_cast<std::uint64_t>(positions[static_cast<std::size_t>(b)]));
     r.history_begin = static_cast<std::int64_t>(ws.host_history.size());
     if (p.repetition_penalty != 1.f)

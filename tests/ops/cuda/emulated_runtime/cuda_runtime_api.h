@@ -52,7 +52,6 @@ struct device_memory {
   std::mutex mutex;
   std::map<std::uintptr_t, std::size_t> blocks;
   cudaError_t last_error = cudaSuccess;
-  int device = 0;
 };
 inline device_memory& device() {
   static device_memory d;
@@ -121,20 +120,13 @@ inline cudaError_t cudaGetLastError() {
   auto& d = loom::emulation::device();
   return std::exchange(d.last_error, cudaSuccess);
 }
-inline cudaError_t cudaPeekAtLastError() { return loom::emulation::device().last_error; }
 
 inline cudaError_t cudaGetDeviceCount(int* n) {
   *n = 1;
   return cudaSuccess;
 }
 inline cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return loom::emulation::fail(cudaErrorInvalidDevice);
-  loom::emulation::device().device = device;
-  return cudaSuccess;
-}
-inline cudaError_t cudaGetDevice(int* device) {
-  *device = loom::emulation::device().device;
-  return cudaSuccess;
+  return device == 0 ? cudaSuccess : loom::emulation::fail(cudaErrorInvalidDevice);  // one device
 }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 
@@ -197,7 +189,6 @@ cudaError_t destroy(H* h) {
   return cudaSuccess;
 }
 }  // namespace loom::emulation
-inline cudaError_t cudaStreamCreate(cudaStream_t* s) { return loom::emulation::create(s); }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return loom::emulation::create(s); }
 inline cudaError_t cudaStreamDestroy(cudaStream_t s) { return loom::emulation::destroy(s); }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
@@ -207,7 +198,6 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t e) { return loom::emulation::des
 inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = nullptr) { return cudaSuccess; }
 inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }  // every launch has finished
 inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0) { return cudaSuccess; }
 
 /// The most dynamic shared memory a block may opt in to (an H100's or H200's 227 KiB).
 inline constexpr int emulated_max_dynamic_shared_bytes = 232448;
