@@ -132,6 +132,20 @@ inline constexpr std::array<float, 256> dynamic_map = [] {
   return m;
 }();
 
+/// A double-quantised block's absmax, dynamic_map[code] * scale + offset, in bitsandbytes' two
+/// fp32 roundings on every backend. The product is rounded on its own: on the device __fmul_rn,
+/// since nvcc would otherwise widen it and fuse it with the sum into one double FMA (seen on an
+/// H200: the GPU's dequantised weights then differed from the host's). The sum is taken in
+/// double, which rounds to the fp32 sum exactly (53 >= 2 * 24 + 2 bits).
+LOOM_HOST_DEVICE inline float double_quant_absmax(float code_value, float scale, float offset) noexcept {
+#ifdef __CUDA_ARCH__
+  const float d = __fmul_rn(code_value, scale);
+#else
+  const float d = code_value * scale;
+#endif
+  return static_cast<float>(static_cast<double>(d) + static_cast<double>(offset));
+}
+
 /// The 8-bit code of x (already scaled by its block's reciprocal absmax) in an ascending
 /// 256-entry map: bitsandbytes' search, which halves a step from 64 down to 1 starting at 127,
 /// then picks between the landing entry and the last entry passed on the side of x by their
@@ -337,12 +351,11 @@ class nf4_view {
   std::size_t bytes() const noexcept { return nf4_bytes(rows_, cols_, opt_); }
 
   /// The absmax of block b as dequantisation uses it: stored, or with double quantisation
-  /// dynamic_map[code] * scale + offset in bitsandbytes' two fp32 roundings (the sum is taken
-  /// in double, which rounds to the fp32 sum exactly and cannot be contracted into an FMA).
+  /// dynamic_map[code] * scale + offset (double_quant_absmax).
   float block_absmax_of(std::size_t b) const noexcept {
     if (!opt_.double_quant) return load(absmax_, b);
-    const float d = dynamic_map[absmax_codes_[b]] * load(absmax_scales_, b / static_cast<std::size_t>(opt_.absmax_block_size));
-    return static_cast<float>(static_cast<double>(d) + static_cast<double>(offset_));
+    return double_quant_absmax(dynamic_map[absmax_codes_[b]], load(absmax_scales_, b / static_cast<std::size_t>(opt_.absmax_block_size)),
+                               offset_);
   }
 
   /// out[r - r0, c - c0] = W[r, c] for r in [r0, r1), c in [c0, c1), row stride ld; c0 and c1

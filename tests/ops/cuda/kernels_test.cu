@@ -202,7 +202,7 @@ void check_embedding(index_t n, index_t vocab, index_t d) {
 
 TEST_CASE("embedding forward and backward on the GPU equal the host's bit for bit; a bad id is named") {
   // the last: several ids a residue class (a GPU: a ~1B model's table)
-  const auto large = emulated ? std::tuple<index_t, index_t, index_t>{64, 3000, 512} : std::tuple<index_t, index_t, index_t>{64, 50000, 4096};
+  const auto large = emulated ? std::tuple<index_t, index_t, index_t>{64, 3000, 512} : std::tuple<index_t, index_t, index_t>{256, 8192, 2048};
   for (auto [n, vocab, d] : {std::tuple<index_t, index_t, index_t>{1, 1, 1}, {37, 11, 130}, {1000, 257, 64}, large}) {
     CAPTURE(n);
     CAPTURE(vocab);
@@ -287,6 +287,10 @@ TEST_CASE("paged KV append and split-KV decode on the GPU equal the host's (GQA,
   check_paged_decode<float>(16, 8, 2, 128, {1000, 5, 2600});     // several splits
   check_paged_decode<loom::bfloat16>(8, 6, 1, 96, {700, 33});    // MQA, a head_dim of 3 lanes
   check_paged_decode<float>(1, 2, 2, 256, {513});                // one token a block, the largest head_dim
+  // the benchmark's heads (bf16, 32 / 8 of 128) at a long context; a group of 8; element loads
+  check_paged_decode<loom::bfloat16>(16, 32, 8, 128, {4100, 1, emulated ? 700 : 33000});
+  check_paged_decode<loom::bfloat16>(16, 16, 2, 128, {900, 2});
+  check_paged_decode<float>(16, 4, 2, 36, {700, 40});
   loom::kv::paged_kv_csr_device dcsr;
   loom::kv::decode_workspace ws;
   loom::buffer<float, loom::cuda> q(2 * 512), cache(2 * 2 * 16 * 512), out(2 * 512);

@@ -6,8 +6,7 @@
 // tile is expanded just before its GEMM.
 //
 // Why the same bits as the host: each value is nf4_values[code] * absmax in one fp32 multiply,
-// and a double-quantised absmax is dynamic_map[code] * scale + offset with the host's two
-// roundings (the sum in double, rounded once); the tables are the host's own arrays, copied
+// and a double-quantised absmax is quant/nf4.hpp's double_quant_absmax on both; the tables are the host's own arrays, copied
 // to the device when the matrix is (so they are written once, in quant/nf4.hpp).
 
 #include <loom/core/device.hpp>
@@ -41,8 +40,7 @@ __global__ void nf4_dequantize_rows(const std::uint8_t* __restrict__ codes, cons
     const index_t byte = first_byte + j, block = 2 * byte / block_size;
     float s;
     if (double_quant) {
-      const float d = dynamic_table[absmax_codes[block]] * absmax_scales[block / absmax_block_size];
-      s = static_cast<float>(static_cast<double>(d) + static_cast<double>(offset));
+      s = double_quant_absmax(dynamic_table[absmax_codes[block]], absmax_scales[block / absmax_block_size], offset);
     } else {
       s = absmax[block];
     }
