@@ -36,7 +36,8 @@ using loom::emulation::emulate_launch;
 
 
 template <class T>
-void check(std::int32_t block_size, std::int64_t nh, std::int64_t hk, std::int64_t dim, const std::vector<std::int64_t>& kv_lens) {
+void check(std::int32_t block_size, std::int64_t nh, std::int64_t hk, std::int64_t dim, const std::vector<std::int64_t>& kv_lens,
+           bool aligned16 = true) {
   INFO("block_size " << block_size << ", heads " << nh << "/" << hk << ", head_dim " << dim << ", sequences " << kv_lens.size());
   const auto batch = static_cast<std::int32_t>(kv_lens.size());
   kv::testing::scrambled_pool pool(block_size, kv_lens);
@@ -66,10 +67,13 @@ void check(std::int32_t block_size, std::int64_t nh, std::int64_t hk, std::int64
   const std::int64_t splits = kernels::decode_splits(longest);
   std::vector<float> acc(std::size_t(batch * nh * splits * dim)), m(std::size_t(batch * nh * splits)), l(m.size());
   const float scale = 1.f / std::sqrt(static_cast<float>(dim));
-  emulate_launch(kernels::decode_split<T>, dim3{unsigned(splits), unsigned(nh), unsigned(batch)}, kernels::decode_warps * 32,
-                 q.data(), static_cast<const T*>(ecache.data()), csr.indptr.data(), csr.indices.data(),
-                 csr.last_page_len.data(), block_size, hk, static_cast<std::int32_t>(dim), scale, splits, eout.data(),
-                 acc.data(), m.data(), l.data());
+  kernels::with_decode_kernel<T>(dim, nh / hk, aligned16, [&](auto kernel, int heads, int lanes, std::size_t smem) {
+    REQUIRE(smem <= loom::emulation::dynamic_shared_bytes);
+    emulate_launch(kernel, dim3{unsigned(splits), unsigned(nh / heads), unsigned(batch)}, kernels::decode_warps * 32,
+                   q.data(), static_cast<const T*>(ecache.data()), csr.indptr.data(), csr.indices.data(),
+                   csr.last_page_len.data(), block_size, hk, static_cast<std::int32_t>(dim), lanes, scale, splits,
+                   eout.data(), acc.data(), m.data(), l.data());
+  });
   if (splits > 1)
     emulate_launch(kernels::merge_splits, dim3{unsigned(nh), unsigned(batch), 1}, 64, static_cast<const float*>(acc.data()),
                    static_cast<const float*>(m.data()), static_cast<const float*>(l.data()), splits,
@@ -141,4 +145,15 @@ TEST_CASE("the CUDA paged-KV append and split-KV decode, emulated on host thread
   check<float>(16, 4, 2, 64, {1, 17, 300});            // GQA, one split
   check<float>(16, 4, 2, 96, {600, 5, 1100});          // several splits; a head_dim of 3 lanes
   check<loom::bfloat16>(8, 3, 1, 40, {530, 33});       // MQA, a bf16 pool, lanes partly idle
+  // every kernel with_decode_kernel picks: the staged one for 4, 2 and 1 heads a block (the
+  // lines above: 2, 2 and 1), the register one with two vectors a lane (fp32, head_dim 256) and
+  // with element loads (head_dim 36 and 33, or a pool not 16-byte aligned)
+  check<loom::bfloat16>(16, 16, 2, 128, {600, 1, 77});  // a group of 8: 4 heads a block, two rows a warp
+  check<loom::bfloat16>(16, 8, 2, 128, {300});          // 4 heads a block, one tile
+  check<loom::bfloat16>(16, 12, 2, 64, {520, 3});       // a group of 6: 2 heads a block
+  check<float>(16, 2, 2, 128, {400});                   // fp32, one head a block
+  check<float>(4, 2, 1, 256, {700});                    // two vectors a lane
+  check<loom::bfloat16>(16, 4, 2, 36, {530, 20});       // element loads
+  check<float>(16, 3, 3, 33, {300, 2});
+  check<loom::bfloat16>(16, 8, 2, 128, {600, 9}, false);
 }

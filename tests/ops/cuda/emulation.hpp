@@ -53,7 +53,7 @@ inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 namespace loom::emulation {
 inline constexpr std::size_t dynamic_shared_bytes = std::size_t(1) << 18;
 inline float* dynamic_shared_floats() {
-  static float memory[dynamic_shared_bytes / sizeof(float)];
+  alignas(16) static float memory[dynamic_shared_bytes / sizeof(float)];  // a GPU aligns it at least so
   return memory;
 }
 

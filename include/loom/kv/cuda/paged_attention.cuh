@@ -4,14 +4,21 @@
 // cuda tag, the block table as device arrays (paged_kv_csr_device) and a stream.
 //
 // Decode, as FlashInfer does it for long contexts (split-KV): the keys of a sequence are cut
-// into `splits` ranges; a block of `decode_warps` warps takes one (sequence, head, range), each
-// warp every decode_warps-th key of it. A warp holds the query and its accumulator spread over
-// its lanes (head_dim / 32 elements each), makes each score with a shuffle reduction and folds
-// it in with the online-softmax step the host runs (ops::math::online_softmax_push). The
-// warps' states are merged in warp order inside the block, then the ranges' states in range
-// order by a second kernel (ops::math::online_softmax_merge, tested on the host against one
-// pass): no atomics, so the result is the same on every run. It differs from the host's
-// one-pass result only by the order of additions (the tests' tolerance says how much).
+// into `splits` ranges; a block of `decode_warps` warps takes one range of one sequence for up
+// to 4 query heads that share a key/value head (GQA), so each key and value row is read from
+// memory once for all of them. A row is spread over a group of lanes in 16-byte vectors (16
+// lanes for 128 bf16 elements, two rows a warp per load); each lane group loads several rows
+// before it scores them, so that enough loads are in flight to keep the memory busy (decode is
+// bandwidth-bound: its arithmetic is two multiply-adds a loaded element per head, so every
+// other instruction a key costs is counted). A score is a shuffle reduction over the lane
+// group, folded in one key at a time by the online-softmax step in base 2 (the query carries
+// scale * log2(e), so e^(s - m) is one exp2: the multi-instruction exp per key and head was
+// most of the kernel's time). At the end the states go back to natural units and are merged
+// with the host's ops::math::online_softmax_merge: the lane groups' with shuffles, the warps'
+// in warp order inside the block, then the ranges' in range order by a second kernel. No
+// atomics, so the result is the same on every run; it differs from the host's one-pass result
+// by the order of additions and exp2's rounding (the tests' tolerance says how much).
+// A head_dim that is not a multiple of 16 bytes takes element loads and one head a block.
 //
 // Prefill (ragged query runs, decode rows among them) runs the training forward's tiles
 // (ops/cuda/attention.cuh) over keys gathered from the pages. Every kernel here, launch code
@@ -39,9 +46,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <span>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -51,7 +60,7 @@ namespace loom::kv {
 namespace kernels {
 
 inline constexpr int decode_warps = 4;
-inline constexpr int max_dim_per_lane = 8;             // head_dim <= 256
+inline constexpr int max_head_dim = 256;
 inline constexpr std::int64_t decode_min_keys = 256;   // keys per split at least
 inline constexpr std::int64_t decode_max_splits = 64;
 
@@ -83,72 +92,353 @@ __global__ void append_paged_kv(const float* __restrict__ k, const float* __rest
   }
 }
 
-/// One block per (split, head, sequence); see the file comment.
+/// A lane's slice of a key or value row: V elements, 16 bytes for the fast path (one vector
+/// load), one element where head_dim is not a multiple of 16 bytes.
+template <class T, int V>
+struct alignas(sizeof(T) * V) decode_vec {
+  T e[V];
+};
+
+template <class T, int V>
+__device__ LOOM_FORCE_INLINE decode_vec<T, V> load_vec(const T* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const decode_vec<T, V>*>(p);
+#else
+  decode_vec<T, V> r;
+  for (int i = 0; i < V; ++i) r.e[i] = p[i];
+  return r;
+#endif
+}
+
+/// A 16-byte copy from global to shared memory that the thread does not wait for
+/// (cp.async, sm_80 and later; a plain copy elsewhere and under the emulator), the commit of
+/// the copies issued so far as one group, and the wait until at most N groups are pending.
+__device__ LOOM_FORCE_INLINE void async_copy16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))),
+               "l"(gmem));
+#else
+  std::memcpy(smem, gmem, 16);
+#endif
+}
+__device__ LOOM_FORCE_INLINE void async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ LOOM_FORCE_INLINE void async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+/// The running states of HB query heads over this lane's slice of head_dim (lane i of a group
+/// of `lanes` holds elements [(n lanes + i) V, + V) for n < NV), and the fold of one key into
+/// them: a score is a shuffle reduction over the lane group, then the online-softmax step in
+/// base 2 (q carries scale * log2(e), so e^(s - m) is one exp2).
+template <int V, int NV, int HB>
+struct decode_state {
+  float q[HB][NV][V], acc[HB][NV][V], m[HB], l[HB];
+
+  __device__ decode_state(const float* qr, std::int64_t q_stride, float scale, int lanes, int lane_in, std::int32_t dim) {
+    const float scale_log2 = scale * 1.4426950408889634f;
+#pragma unroll
+    for (int hb = 0; hb < HB; ++hb) {
+      m[hb] = -INFINITY, l[hb] = 0.f;
+#pragma unroll
+      for (int n = 0; n < NV; ++n) {
+        const int e = (n * lanes + lane_in) * V;
+#pragma unroll
+        for (int v = 0; v < V; ++v) q[hb][n][v] = e < dim ? qr[hb * q_stride + e + v] * scale_log2 : 0.f, acc[hb][n][v] = 0.f;
+      }
+    }
+  }
+
+  /// Key and value slices k, v (zeros past head_dim); ok: the key is in range (uniform over
+  /// the lane group; every lane of the warp calls, for the shuffles).
+  template <class T>
+  __device__ LOOM_FORCE_INLINE void fold(const decode_vec<T, V> (&k)[NV], const decode_vec<T, V> (&v)[NV], bool ok,
+                                         int lanes) {
+#pragma unroll
+    for (int hb = 0; hb < HB; ++hb) {
+      float d = 0.f;
+#pragma unroll
+      for (int n = 0; n < NV; ++n)
+#pragma unroll
+        for (int i = 0; i < V; ++i) d += q[hb][n][i] * ops::load<float>(k[n].e[i]);
+      for (int o = lanes / 2; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffffu, d, o);
+      if (!ok) continue;
+      if (d > m[hb]) {  // a new maximum rescales what was accumulated
+        const float c = exp2f(m[hb] - d);
+        l[hb] *= c;
+#pragma unroll
+        for (int n = 0; n < NV; ++n)
+#pragma unroll
+          for (int i = 0; i < V; ++i) acc[hb][n][i] *= c;
+        m[hb] = d;
+      }
+      const float p = exp2f(d - m[hb]);
+      l[hb] += p;
+#pragma unroll
+      for (int n = 0; n < NV; ++n)
+#pragma unroll
+        for (int i = 0; i < V; ++i) acc[hb][n][i] += p * ops::load<float>(v[n].e[i]);
+    }
+  }
+
+  /// Merges the block's states (back in natural units, by the host's online_softmax_merge):
+  /// the lane groups' with shuffles, the warps' in warp order through `smem` (decode_warps *
+  /// HB * (head_dim + 2) floats); warp 0 then writes the heads' outputs (one split) or their
+  /// states for merge_splits. Every thread of the block calls.
+  __device__ void finish(float* smem, int lanes, int lane_in, std::int32_t dim, std::int64_t row0, std::int64_t splits,
+                         std::int64_t split, float* out, float* ws_acc, float* ws_m, float* ws_l) {
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    const bool leader = lane < lanes;
+#pragma unroll
+    for (int hb = 0; hb < HB; ++hb) {
+      m[hb] *= 0.6931471805599453f;
+      for (int o = lanes; o < 32; o *= 2) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m[hb], o), l2 = __shfl_xor_sync(0xffffffffu, l[hb], o);
+        float a2[NV][V];
+#pragma unroll
+        for (int n = 0; n < NV; ++n)
+#pragma unroll
+          for (int i = 0; i < V; ++i) a2[n][i] = __shfl_xor_sync(0xffffffffu, acc[hb][n][i], o);
+        float c1, c2;
+        ops::math::online_softmax_merge(m[hb], l[hb], m2, l2, c1, c2);
+#pragma unroll
+        for (int n = 0; n < NV; ++n)
+#pragma unroll
+          for (int i = 0; i < V; ++i) acc[hb][n][i] = acc[hb][n][i] * c1 + a2[n][i] * c2;
+      }
+    }
+    float* sm = smem;                         // [decode_warps][HB]
+    float* sl = sm + decode_warps * HB;       // [decode_warps][HB]
+    float* sacc = sl + decode_warps * HB;     // [decode_warps][HB][dim]
+#pragma unroll
+    for (int hb = 0; hb < HB; ++hb) {
+      if (lane == 0) sm[warp * HB + hb] = m[hb], sl[warp * HB + hb] = l[hb];
+#pragma unroll
+      for (int n = 0; n < NV; ++n) {
+        const int e = (n * lanes + lane_in) * V;
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+          if (leader && e < dim) sacc[(warp * HB + hb) * dim + e + i] = acc[hb][n][i];
+      }
+    }
+    __syncthreads();
+    if (warp != 0 || !leader) return;
+#pragma unroll
+    for (int hb = 0; hb < HB; ++hb) {
+      for (int w = 1; w < decode_warps; ++w) {
+        float c1, c2;
+        ops::math::online_softmax_merge(m[hb], l[hb], sm[w * HB + hb], sl[w * HB + hb], c1, c2);
+#pragma unroll
+        for (int n = 0; n < NV; ++n) {
+          const int e = (n * lanes + lane_in) * V;
+#pragma unroll
+          for (int i = 0; i < V; ++i)
+            if (e < dim) acc[hb][n][i] = acc[hb][n][i] * c1 + sacc[(w * HB + hb) * dim + e + i] * c2;
+        }
+      }
+      const std::int64_t row = row0 + hb, state = row * splits + split;
+      const float inv = l[hb] > 0.f ? 1.f / l[hb] : 0.f;
+      if (splits > 1 && lane == 0) ws_m[state] = m[hb], ws_l[state] = l[hb];
+#pragma unroll
+      for (int n = 0; n < NV; ++n) {
+        const int e = (n * lanes + lane_in) * V;
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          if (e >= dim) continue;
+          if (splits == 1) out[row * dim + e + i] = acc[hb][n][i] * inv;
+          else ws_acc[state * dim + e + i] = acc[hb][n][i];
+        }
+      }
+    }
+  }
+};
+
+/// Shared memory decode_state::finish needs.
+inline std::size_t decode_finish_bytes(int heads, std::int64_t dim) {
+  return static_cast<std::size_t>(decode_warps) * static_cast<std::size_t>(heads) * static_cast<std::size_t>(dim + 2) *
+         sizeof(float);
+}
+
+/// Where a block's key and value rows are: the sequence's pages, its key range's end, the pool's
+/// strides and the key/value head's offset in a token's row.
 template <class T>
+struct decode_rows {
+  const T* cache;
+  const std::int32_t* pages;
+  std::int64_t j1;
+  std::int32_t bs;
+  std::int64_t head_offset, token_stride, kv_half, block_stride;
+
+  __device__ LOOM_FORCE_INLINE const T* key(std::int64_t j) const {
+    const auto jj = static_cast<std::int32_t>(j);
+    return cache + pages[jj / bs] * block_stride + (jj % bs) * token_stride + head_offset;
+  }
+};
+
+/// The block's (split, head block, sequence) and key range, for both decode kernels.
+struct decode_block {
+  std::int64_t split, nh, h0, kvh, j0, j1;
+  std::int32_t b;
+
+  __device__ decode_block(const std::int32_t* indptr, const std::int32_t* last_page_len, std::int32_t bs, std::int64_t hk,
+                          std::int64_t splits, int heads) {
+    split = blockIdx.x, nh = static_cast<std::int64_t>(gridDim.y) * heads, h0 = blockIdx.y * std::int64_t{heads};
+    b = static_cast<std::int32_t>(blockIdx.z);
+    kvh = h0 / (nh / hk);
+    const std::int64_t kv_len = kv_len_of(indptr, last_page_len, b, bs), per = (kv_len + splits - 1) / splits;
+    j0 = std::min(kv_len, split * per), j1 = std::min(kv_len, j0 + per);
+  }
+};
+
+/// One block per (split, HB query heads of one key/value head, sequence), the key and value
+/// rows read from memory once for the HB heads; see the file comment. This one loads each
+/// lane group's U rows into registers, then folds them in: for head_dims that are not a
+/// multiple of 16 bytes (V = 1, NV = 8) and fp32 rows of more than 128 elements (NV = 2).
+template <class T, int V, int NV, int HB>
 __global__ void __launch_bounds__(decode_warps * 32)
     decode_split(const float* __restrict__ q, const T* __restrict__ cache, const std::int32_t* __restrict__ indptr,
                  const std::int32_t* __restrict__ indices, const std::int32_t* __restrict__ last_page_len,
-                 std::int32_t bs, std::int64_t hk, std::int32_t dim, float scale, std::int64_t splits,
+                 std::int32_t bs, std::int64_t hk, std::int32_t dim, int lanes, float scale, std::int64_t splits,
                  float* __restrict__ out, float* __restrict__ ws_acc, float* __restrict__ ws_m, float* __restrict__ ws_l) {
-  const std::int64_t split = blockIdx.x, h = blockIdx.y, nh = gridDim.y;
-  const std::int32_t b = static_cast<std::int32_t>(blockIdx.z);
+  constexpr int U = 4;
+  const decode_block blk(indptr, last_page_len, bs, hk, splits, HB);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const std::int64_t kv_len = kv_len_of(indptr, last_page_len, b, bs);
-  const std::int64_t per = (kv_len + splits - 1) / splits, j0 = std::min(kv_len, split * per),
-                     j1 = std::min(kv_len, j0 + per);
-  const std::int64_t kvh = h / (nh / hk), token_stride = hk * dim, kv_half = bs * token_stride,
-                     block_stride = 2 * kv_half;
-  const float* qr = q + (static_cast<std::int64_t>(b) * nh + h) * dim;
-  float qv[max_dim_per_lane], acc[max_dim_per_lane];
-  for (int i = 0; i < max_dim_per_lane; ++i) {
-    const int d = lane + 32 * i;
-    qv[i] = d < dim ? qr[d] : 0.f;
-    acc[i] = 0.f;
-  }
-  float m = -INFINITY, l = 0.f;
-  const std::int32_t* pages = indices + indptr[b];
-  for (std::int64_t j = j0 + warp; j < j1; j += decode_warps) {
-    const T* key = cache + pages[j / bs] * block_stride + (j % bs) * token_stride + kvh * dim;
-    float part = 0.f;
-    for (int i = 0; i < max_dim_per_lane; ++i) {
-      const int d = lane + 32 * i;
-      if (d < dim) part += qv[i] * ops::load<float>(key[d]);
+  const int sub = lane / lanes, lane_in = lane % lanes, subs = 32 / lanes;
+  const std::int64_t token_stride = hk * dim, kv_half = bs * token_stride;
+  const std::int64_t row0 = static_cast<std::int64_t>(blk.b) * blk.nh + blk.h0;
+  decode_state<V, NV, HB> st(q + row0 * dim, dim, scale, lanes, lane_in, dim);
+  const decode_rows<T> rows{cache, indices + indptr[blk.b], blk.j1, bs, blk.kvh * dim, token_stride, kv_half, 2 * kv_half};
+  // each round the block takes decode_warps * U * subs consecutive keys; a lane group U of them
+  const std::int64_t round = std::int64_t{decode_warps} * U * subs;
+  for (std::int64_t r = blk.j0; r < blk.j1; r += round) {  // uniform over the block
+    const std::int64_t base = r + warp * U * subs + sub;
+    decode_vec<T, V> kb[U][NV], vb[U][NV];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const std::int64_t j = base + u * subs;
+      ok[u] = j < blk.j1;
+      const T* key = ok[u] ? rows.key(j) : nullptr;
+#pragma unroll
+      for (int n = 0; n < NV; ++n) {
+        const int e = (n * lanes + lane_in) * V;
+        if (ok[u] && e < dim) {
+          kb[u][n] = load_vec<T, V>(key + e);
+          vb[u][n] = load_vec<T, V>(key + kv_half + e);
+        } else {
+#pragma unroll
+          for (int i = 0; i < V; ++i) kb[u][n].e[i] = T(0.f), vb[u][n].e[i] = T(0.f);
+        }
+      }
     }
-    part = ops::kernels::warp_sum(part);
-    float p, c;
-    if (ops::math::online_softmax_push(part * scale, m, l, p, c))
-      for (int i = 0; i < max_dim_per_lane; ++i) acc[i] *= c;
-    const T* value = key + kv_half;
-    for (int i = 0; i < max_dim_per_lane; ++i) {
-      const int d = lane + 32 * i;
-      if (d < dim) acc[i] += p * ops::load<float>(value[d]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) st.fold(kb[u], vb[u], ok[u], lanes);
+  }
+  __shared__ float finish_smem[decode_warps * HB * (max_head_dim + 2)];
+  st.finish(finish_smem, lanes, lane_in, dim, row0, splits, blk.split, out, ws_acc, ws_m, ws_l);
+}
+
+inline constexpr int decode_stages = 3;
+inline constexpr int decode_stage_bytes = 16384;  // key and value rows; 3 stages: 48 KiB, no opt-in
+
+/// Keys a stage of decode_split_staged holds for a head_dim and element size.
+LOOM_HOST_DEVICE inline int decode_tile_keys(std::int64_t dim, std::size_t elem) {
+  return static_cast<int>(decode_stage_bytes / (2 * static_cast<std::int64_t>(elem) * dim));
+}
+
+/// The fast path (head_dim a multiple of 16 bytes, a row in at most 32 lanes): the block copies
+/// tiles of key and value rows into shared memory with cp.async, decode_stages tiles in
+/// flight, so the loads in flight are not bounded by registers (decode is bandwidth-bound; the
+/// register version kept too few bytes in flight on an H200); each lane group then folds its
+/// keys of the tile in from shared memory. Dynamic shared memory: decode_stages stages.
+template <class T, int HB>
+__global__ void __launch_bounds__(decode_warps * 32)
+    decode_split_staged(const float* __restrict__ q, const T* __restrict__ cache, const std::int32_t* __restrict__ indptr,
+                        const std::int32_t* __restrict__ indices, const std::int32_t* __restrict__ last_page_len,
+                        std::int32_t bs, std::int64_t hk, std::int32_t dim, int lanes, float scale, std::int64_t splits,
+                        float* __restrict__ out, float* __restrict__ ws_acc, float* __restrict__ ws_m,
+                        float* __restrict__ ws_l) {
+  constexpr int V = static_cast<int>(16 / sizeof(T));
+  const decode_block blk(indptr, last_page_len, bs, hk, splits, HB);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int sub = lane / lanes, lane_in = lane % lanes, subs = 32 / lanes;
+  const std::int64_t token_stride = hk * dim, kv_half = bs * token_stride;
+  const std::int64_t row0 = static_cast<std::int64_t>(blk.b) * blk.nh + blk.h0;
+  const int tk = decode_tile_keys(dim, sizeof(T)), chunks = dim / V, tile_elems = tk * dim;
+  LOOM_DYNAMIC_SHARED_FLOATS(smem);
+  T* stages = reinterpret_cast<T*>(smem);  // [decode_stages][keys, values][tk][dim]
+  const decode_rows<T> rows{cache, indices + indptr[blk.b], blk.j1, bs, blk.kvh * dim, token_stride, kv_half, 2 * kv_half};
+  const auto load_tile = [&](std::int64_t jt, int stage) {  // keys [jt, jt + tk) of the range, then a commit
+    T* ks = stages + static_cast<std::int64_t>(stage) * 2 * tile_elems;
+    for (int i = static_cast<int>(threadIdx.x); i < tk * chunks; i += decode_warps * 32) {
+      const int t = i / chunks, c = (i - t * chunks) * V;
+      if (jt + t >= blk.j1) break;  // i grows with t
+      const T* key = rows.key(jt + t) + c;
+      async_copy16(ks + t * dim + c, key);
+      async_copy16(ks + tile_elems + t * dim + c, key + kv_half);
     }
-  }
-  // the warps' states, merged in warp order by warp 0
-  __shared__ float sm[decode_warps], sl[decode_warps], sacc[decode_warps][max_dim_per_lane * 32];
-  if (lane == 0) sm[warp] = m, sl[warp] = l;
-  for (int i = 0; i < max_dim_per_lane; ++i) sacc[warp][lane + 32 * i] = acc[i];
-  __syncthreads();
-  if (warp != 0) return;
-  for (int w = 1; w < decode_warps; ++w) {
-    float c1, c2;
-    ops::math::online_softmax_merge(m, l, sm[w], sl[w], c1, c2);
-    for (int i = 0; i < max_dim_per_lane; ++i) acc[i] = acc[i] * c1 + sacc[w][lane + 32 * i] * c2;
-  }
-  if (splits == 1) {
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    for (int i = 0; i < max_dim_per_lane; ++i) {
-      const int d = lane + 32 * i;
-      if (d < dim) out[(static_cast<std::int64_t>(b) * nh + h) * dim + d] = acc[i] * inv;
+    async_commit();
+  };
+  decode_state<V, 1, HB> st(q + row0 * dim, dim, scale, lanes, lane_in, dim);
+  for (int s = 0; s < decode_stages - 1; ++s) load_tile(blk.j0 + std::int64_t{s} * tk, s);
+  int stage = 0;
+  for (std::int64_t jt = blk.j0; jt < blk.j1; jt += tk) {  // uniform over the block
+    async_wait<decode_stages - 2>();  // this thread's copies of tile jt have landed ...
+    __syncthreads();                  // ... everyone's, and every warp is done with the stage refilled next
+    load_tile(jt + std::int64_t{decode_stages - 1} * tk, (stage + decode_stages - 1) % decode_stages);
+    const T* ks = stages + static_cast<std::int64_t>(stage) * 2 * tile_elems;
+    for (int t0 = warp * subs; t0 < tk; t0 += decode_warps * subs) {  // uniform over the warp
+      const int t = t0 + sub;
+      const bool ok = t < tk && jt + t < blk.j1;
+      decode_vec<T, V> k[1], v[1];
+      if (ok && lane_in < chunks) {
+        k[0] = load_vec<T, V>(ks + t * dim + lane_in * V);
+        v[0] = load_vec<T, V>(ks + tile_elems + t * dim + lane_in * V);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) k[0].e[i] = T(0.f), v[0].e[i] = T(0.f);
+      }
+      st.fold(k, v, ok, lanes);
     }
-    return;
+    stage = (stage + 1) % decode_stages;
   }
-  const std::int64_t state = (static_cast<std::int64_t>(b) * nh + h) * splits + split;
-  if (lane == 0) ws_m[state] = m, ws_l[state] = l;
-  for (int i = 0; i < max_dim_per_lane; ++i) {
-    const int d = lane + 32 * i;
-    if (d < dim) ws_acc[state * dim + d] = acc[i];
+  async_wait<0>();
+  __syncthreads();  // the stages become finish's scratch
+  st.finish(smem, lanes, lane_in, dim, row0, splits, blk.split, out, ws_acc, ws_m, ws_l);
+}
+
+/// Dynamic shared memory of decode_split_staged for a head_dim and element size.
+inline std::size_t decode_staged_bytes(std::int64_t dim, std::size_t elem) {
+  return static_cast<std::size_t>(decode_stages) * 2 * static_cast<std::size_t>(decode_tile_keys(dim, elem)) *
+         static_cast<std::size_t>(dim) * elem;
+}
+
+/// Calls f(kernel, heads_per_block, lanes, dynamic_smem_bytes) with the decode kernel for a
+/// pool element type, head_dim, GQA group (query heads per key/value head) and pool alignment:
+/// the staged kernel when head_dim is a multiple of 16 bytes and the pool 16-byte aligned, up
+/// to 4 heads of a group a block (the largest power of two dividing it: more would hold too
+/// many registers); the register kernel with element loads and one head a block otherwise.
+template <class T, class F>
+void with_decode_kernel(std::int64_t dim, std::int64_t group, bool aligned16, F&& f) {
+  constexpr int vf = static_cast<int>(16 / sizeof(T));
+  const int c = static_cast<int>((dim + vf - 1) / vf);
+  if (aligned16 && dim % vf == 0 && c <= 32) {
+    const int lanes = static_cast<int>(std::bit_ceil(static_cast<unsigned>(c)));
+    const std::size_t smem = decode_staged_bytes(dim, sizeof(T));
+    if (group % 4 == 0) return f(decode_split_staged<T, 4>, 4, lanes, smem);
+    if (group % 2 == 0) return f(decode_split_staged<T, 2>, 2, lanes, smem);
+    return f(decode_split_staged<T, 1>, 1, lanes, smem);
   }
+  if constexpr (vf < 8) {  // 2-byte elements: c <= 32 for every head_dim <= 256
+    if (aligned16 && dim % vf == 0) return f(decode_split<T, vf, 2, 1>, 1, 32, std::size_t{0});  // c <= 64
+  }
+  return f(decode_split<T, 1, 8, 1>, 1, static_cast<int>(std::bit_ceil(static_cast<unsigned>((dim + 7) / 8))), std::size_t{0});
 }
 
 /// One block per (head, row): the splits' states of a decode row (a sequence) or of a prefill
@@ -370,18 +660,23 @@ void batch_decode_with_paged_kv_cache(cuda, tensor_view<const float, cuda, 3> q,
   LOOM_CHECK(out.shape() == q.shape(), fn, ": out shape ", detail::shape_str(out.shape()), " differs from q shape ",
              detail::shape_str(q.shape()));
   LOOM_CHECK(q.is_contiguous() && out.is_contiguous(), fn, ": q and out must be contiguous");
-  LOOM_CHECK(dim > 0 && dim <= 32 * kernels::max_dim_per_lane, fn, ": head_dim=", dim, " outside the supported [1, ",
-             32 * kernels::max_dim_per_lane, "]");
+  LOOM_CHECK(dim > 0 && dim <= kernels::max_head_dim, fn, ": head_dim=", dim, " outside the supported [1, ",
+             kernels::max_head_dim, "]");
   LOOM_CHECK(nh <= 65535 && csr.batch <= 65535, fn, ": num_heads=", nh, " and batch=", csr.batch,
              " must each be at most 65535 (grid dimensions)");
   if (csr.batch == 0) return;
   const float scale = params.sm_scale > 0.f ? params.sm_scale : 1.f / std::sqrt(static_cast<float>(dim));
   const std::int64_t splits = kernels::decode_splits(csr.max_kv_len());
   if (splits > 1) ws.reserve(static_cast<std::int64_t>(csr.batch) * nh * splits, dim);
-  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(nh), static_cast<unsigned>(csr.batch));
-  LOOM_LAUNCH(kernels::decode_split, grid, kernels::decode_warps * 32, 0, stream)(
-      q.data(), cache.data(), csr.indptr.data(), csr.indices.data(), csr.last_page_len.data(), csr.block_size,
-      cache.extent(3), static_cast<std::int32_t>(dim), scale, splits, out.data(), ws.acc.data(), ws.m.data(), ws.l.data());
+  const bool aligned16 = reinterpret_cast<std::uintptr_t>(cache.data()) % 16 == 0;
+  kernels::with_decode_kernel<std::remove_const_t<T>>(dim, nh / cache.extent(3), aligned16,
+                                                      [&](auto kernel, int heads, int lanes, std::size_t smem) {
+    const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(nh / heads), static_cast<unsigned>(csr.batch));
+    LOOM_LAUNCH(kernel, grid, kernels::decode_warps * 32, smem, stream)(
+        q.data(), cache.data(), csr.indptr.data(), csr.indices.data(), csr.last_page_len.data(), csr.block_size,
+        cache.extent(3), static_cast<std::int32_t>(dim), lanes, scale, splits, out.data(), ws.acc.data(), ws.m.data(),
+        ws.l.data());
+  });
   LOOM_CUDA_CHECK(cudaGetLastError());
   if (splits == 1) return;
   const dim3 merge_grid(static_cast<unsigned>(nh), static_cast<unsigned>(csr.batch));
