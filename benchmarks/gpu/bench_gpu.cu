@@ -18,7 +18,7 @@
 //     with top-p, which sorts each row): logits read / time (a latency of the decode step
 //     more than a bandwidth figure: the sort is O(V log^2 V) a row)
 // Without a device it says so and exits 0: it is a measurement, never a test.
-//   loom-bench-gpu [--quick] [--reps N] [--peak-tflops T] [--peak-tflops-fp32 T] [--peak-gbs G]
+//   loom-bench-gpu [--quick] [--only gemm|decode|prefill|attention|nf4|rows|sampling] [--reps N] [--peak-tflops T] [--peak-tflops-fp32 T] [--peak-gbs G]
 
 #include <loom/core/buffer.hpp>
 #include <loom/core/cuda/error.hpp>
@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -50,6 +51,7 @@ using loom::index_t;
 
 struct options {
   bool quick = false;
+  std::string only;  // run the rows whose kernel name starts with this (all when empty)
   int reps = 20;
   double peak_tflops = 989, peak_tflops_fp32 = 67, peak_gbs = 4800;
 };
@@ -69,11 +71,15 @@ options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") o.quick = true;
+    else if (a == "--only") {
+      LOOM_CHECK(i + 1 < argc, "loom-bench-gpu: --only needs a value (gemm, decode, prefill, attention, nf4, rows, sampling)");
+      o.only = argv[++i];
+    }
     else if (a == "--reps") o.reps = static_cast<int>(std::min(number_arg(i, argc, argv), 10000.0));
     else if (a == "--peak-tflops") o.peak_tflops = number_arg(i, argc, argv);
     else if (a == "--peak-tflops-fp32") o.peak_tflops_fp32 = number_arg(i, argc, argv);
     else if (a == "--peak-gbs") o.peak_gbs = number_arg(i, argc, argv);
-    else LOOM_CHECK(false, "loom-bench-gpu: unknown argument '", a.substr(0, 64), "' (--quick, --reps, --peak-tflops, --peak-tflops-fp32, --peak-gbs)");
+    else LOOM_CHECK(false, "loom-bench-gpu: unknown argument '", a.substr(0, 64), "' (--quick, --only, --reps, --peak-tflops, --peak-tflops-fp32, --peak-gbs)");
   }
   return o;
 }
@@ -99,9 +105,18 @@ double median_ms(int reps, F&& f) {
   return ms[ms.size() / 2];
 }
 
+/// n elements on the device: zeros for value 0 (outputs), else uniform in [-value, value]
+/// (inputs: constant data can run faster than real data, and hides wrong indexing).
 template <class T>
 loom::buffer<T, loom::cuda> filled(std::size_t n, float value) {
-  std::vector<T> h(n, T(value));
+  std::vector<T> h(n, T(0.f));
+  if (value != 0.f) {
+    std::uint64_t x = 0x9e3779b97f4a7c15ull ^ n;
+    for (auto& e : h) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+      e = T(value * (static_cast<float>(x >> 40) * 0x1p-23f - 1.f));
+    }
+  }
   loom::buffer<T, loom::cuda> d(n);
   LOOM_CUDA_CHECK(cudaMemcpy(d.data(), h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
   return d;
@@ -150,6 +165,30 @@ struct interleaved_pool {
   }
 };
 
+/// The decode kernel's reads without its arithmetic: block (split, key/value head, sequence)
+/// reads the key and value rows of its key range, 16 bytes a thread at a time, and folds the
+/// bits so that no load is optimised away. Its rate is what the pool's layout and the decode
+/// grid allow, the ceiling for paged decode on the device.
+__global__ void read_pool(const uint4* __restrict__ cache, const std::int32_t* __restrict__ indptr,
+                          const std::int32_t* __restrict__ indices, const std::int32_t* __restrict__ last_page_len,
+                          std::int32_t bs, std::int64_t hk, std::int32_t chunks, std::int64_t splits, unsigned* sink) {
+  const std::int64_t split = blockIdx.x, kvh = blockIdx.y;
+  const std::int32_t b = static_cast<std::int32_t>(blockIdx.z), pages = indptr[b + 1] - indptr[b];
+  const std::int64_t kv_len = pages == 0 ? 0 : std::int64_t(pages - 1) * bs + last_page_len[b];
+  const std::int64_t per = (kv_len + splits - 1) / splits, j0 = std::min(kv_len, split * per), j1 = std::min(kv_len, j0 + per);
+  const std::int64_t token_stride = hk * chunks, kv_half = bs * token_stride;
+  const std::int32_t* pg = indices + indptr[b];
+  unsigned acc = 0;
+#pragma unroll 4
+  for (std::int64_t i = j0 * chunks + threadIdx.x; i < j1 * chunks; i += blockDim.x) {
+    const auto j = static_cast<std::int32_t>(i / chunks), c = static_cast<std::int32_t>(i % chunks);
+    const uint4* row = cache + pg[j / bs] * 2 * kv_half + (j % bs) * token_stride + kvh * chunks + c;
+    const uint4 k = row[0], v = row[kv_half];
+    acc ^= k.x ^ k.y ^ k.z ^ k.w ^ v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // practically never; keeps the loads
+}
+
 void bench_decode(const options& o, std::int32_t batch, std::int64_t kv_len) {
   namespace kv = loom::kv;
   using P = interleaved_pool;
@@ -160,9 +199,28 @@ void bench_decode(const options& o, std::int32_t batch, std::int64_t kv_len) {
   const loom::tensor_view<float, loom::cuda, 3> ov(out.data(), loom::extents<3>{batch, P::heads, P::dim});
   const double ms = median_ms(o.reps, [&] { kv::batch_decode_with_paged_kv_cache(loom::cuda{}, qv, pool.view, pool.csr, ov, ws); });
   const double bytes = double(batch) * double(kv_len) * double(P::kv_heads * P::dim) * 2.0 * sizeof(loom::bfloat16);
-  row("paged decode (bf16 pool, 32 q / 8 kv heads, head_dim 128)",
-      "batch " + std::to_string(batch) + ", kv_len " + std::to_string(kv_len), ms, bytes / (ms * 1e-3) / 1e9, "GB/s",
-      o.peak_gbs);
+  const std::string shape = "batch " + std::to_string(batch) + ", kv_len " + std::to_string(kv_len);
+  row("paged decode (bf16 pool, 32 q / 8 kv heads, head_dim 128)", shape, ms, bytes / (ms * 1e-3) / 1e9, "GB/s", o.peak_gbs);
+  // the same rows read with no arithmetic, then the pool copied whole (read + write, contiguous)
+  const std::int64_t splits = kv::kernels::decode_splits(kv_len);
+  loom::buffer<unsigned, loom::cuda> sink(1);
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(P::kv_heads), static_cast<unsigned>(batch));
+  const double read_ms = median_ms(o.reps, [&] {
+    read_pool<<<grid, 128>>>(reinterpret_cast<const uint4*>(pool.cache.data()), pool.csr.indptr.data(),
+                             pool.csr.indices.data(), pool.csr.last_page_len.data(), P::block_size, P::kv_heads,
+                             static_cast<std::int32_t>(P::dim * sizeof(loom::bfloat16) / 16), splits, sink.data());
+    LOOM_CUDA_CHECK(cudaGetLastError());
+  });
+  row("  its rows read, no arithmetic (the layout's ceiling)", shape, read_ms, bytes / (read_ms * 1e-3) / 1e9, "GB/s", o.peak_gbs);
+  if (batch == 64) {
+    const std::size_t pool_bytes = pool.cache.size() * sizeof(loom::bfloat16);
+    loom::buffer<loom::bfloat16, loom::cuda> copy(pool.cache.size());
+    const double copy_ms = median_ms(o.reps, [&] {
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(copy.data(), pool.cache.data(), pool_bytes, cudaMemcpyDeviceToDevice));
+    });
+    row("  the pool copied (read + write, contiguous)", std::to_string(pool_bytes >> 20) + " MiB", copy_ms,
+        2.0 * double(pool_bytes) / (copy_ms * 1e-3) / 1e9, "GB/s", o.peak_gbs);
+  }
 }
 
 void bench_attention(const options& o, index_t batch, index_t seq) {
@@ -251,7 +309,7 @@ void bench_rows(const options& o, index_t n, index_t d, index_t vocab) {
 
 void bench_sampling(const options& o, std::int32_t batch, index_t vocab) {
   namespace kv = loom::kv;
-  auto logits = filled<float>(std::size_t(batch * vocab), 0.5f);
+  auto logits = filled<float>(std::size_t(batch * vocab), 8.f);
   loom::buffer<kv::token_id, loom::cuda> out(static_cast<std::size_t>(batch));
   const loom::tensor_view<float, loom::cuda, 2> lv(logits.data(), loom::extents<2>{batch, vocab});
   const loom::tensor_view<kv::token_id, loom::cuda, 1> ov(out.data(), loom::extents<1>{batch});
@@ -286,19 +344,25 @@ int main(int argc, char** argv) try {
   const index_t tokens = o.quick ? 2048 : 8192;
   loom::ops::cublas_handle h;
   // a ~1B LLaMA (hidden 2048, MLP 5632, vocab 32000): the attention projections, the MLP, the head
-  bench_gemm<loom::bfloat16>(o, h, tokens, 2048, 2048, "bf16", o.peak_tflops);
-  bench_gemm<loom::bfloat16>(o, h, tokens, 2048, 5632, "bf16", o.peak_tflops);
-  bench_gemm<loom::bfloat16>(o, h, tokens, 5632, 2048, "bf16", o.peak_tflops);
-  bench_gemm<loom::bfloat16>(o, h, tokens, 2048, 32000, "bf16", o.peak_tflops);
-  bench_gemm<float>(o, h, tokens, 2048, 2048, "fp32", o.peak_tflops_fp32);
-  for (auto [batch, len] : {std::pair<std::int32_t, std::int64_t>{1, 32768}, {16, 4096}, {64, 4096}})
-    if (!o.quick || batch == 16) bench_decode(o, batch, len);
-  bench_prefill(o, o.quick ? 1 : 4, 2048, 2048);
-  bench_prefill(o, 1, 32768, 256);  // a chunk of a long prompt: split keys
-  bench_attention(o, tokens / 2048, 2048);
-  bench_nf4(o, 4096, o.quick ? 4096 : 11008);
-  bench_rows(o, tokens, 2048, 32000);
-  bench_sampling(o, 64, 32000);
+  const auto want = [&](const char* name) { return o.only.empty() || o.only == name; };
+  if (want("gemm")) {
+    bench_gemm<loom::bfloat16>(o, h, tokens, 2048, 2048, "bf16", o.peak_tflops);
+    bench_gemm<loom::bfloat16>(o, h, tokens, 2048, 5632, "bf16", o.peak_tflops);
+    bench_gemm<loom::bfloat16>(o, h, tokens, 5632, 2048, "bf16", o.peak_tflops);
+    bench_gemm<loom::bfloat16>(o, h, tokens, 2048, 32000, "bf16", o.peak_tflops);
+    bench_gemm<float>(o, h, tokens, 2048, 2048, "fp32", o.peak_tflops_fp32);
+  }
+  if (want("decode"))
+    for (auto [batch, len] : {std::pair<std::int32_t, std::int64_t>{1, 32768}, {16, 4096}, {64, 4096}})
+      if (!o.quick || batch == 16) bench_decode(o, batch, len);
+  if (want("prefill")) {
+    bench_prefill(o, o.quick ? 1 : 4, 2048, 2048);
+    bench_prefill(o, 1, 32768, 256);  // a chunk of a long prompt: split keys
+  }
+  if (want("attention")) bench_attention(o, tokens / 2048, 2048);
+  if (want("nf4")) bench_nf4(o, 4096, o.quick ? 4096 : 11008);
+  if (want("rows")) bench_rows(o, tokens, 2048, 32000);
+  if (want("sampling")) bench_sampling(o, 64, 32000);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());
