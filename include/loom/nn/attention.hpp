@@ -39,6 +39,7 @@
 #include <loom/comm/self_comm.hpp>
 #include <loom/core/buffer.hpp>
 #include <loom/nn/linear.hpp>
+#include <loom/ops/host/fill.hpp>
 #include <loom/nn/projection_hook.hpp>
 #include <loom/nn/rotary.hpp>
 #include <loom/nn/tp/shard.hpp>
@@ -317,7 +318,7 @@ class attention {
          {std::tuple{&w.wq, w.bq, q, h * hd, projection::q}, std::tuple{&w.wk, w.bk, k, kv * hd, projection::k},
           std::tuple{&w.wv, w.bv, v, kv * hd, projection::v}}) {
       ops::gemm(host{}, x, *pw, make_view(out.data(), n, m));
-      if (!bias.empty()) linear<T>::add_bias(make_view(out.data(), n, m), make_view(bias.data(), m));
+      if (!bias.empty()) ops::add_bias(host{}, make_view(out.data(), n, m), make_view(bias.data(), m));
       hook(which, x, make_view(out.data(), n, m));
     }
     rope_.forward(make_view(q.data(), n, h, hd), positions);

@@ -18,6 +18,7 @@
 #include <loom/nn/parameters.hpp>
 #include <loom/nn/workspace.hpp>
 #include <loom/ops/host/common.hpp>
+#include <loom/ops/host/fill.hpp>
 #include <loom/ops/host/gemm.hpp>
 
 #include <initializer_list>
@@ -39,8 +40,9 @@ inline tensor_view<const T, host, R> weights_as(const param_slot<R>& s, std::spa
     return w;
   } else {
     auto tmp = ws.take(s.numel());
-    const auto* src = w.data();
-    for (std::size_t i = 0; i < s.numel(); ++i) tmp[i] = ops::load<T>(src[i]);
+    const auto n = static_cast<index_t>(s.numel());
+    ops::cast(host{}, tensor_view<const std::remove_const_t<P>, host, 1>(w.data(), extents<1>{n}),
+              tensor_view<T, host, 1>(tmp.data(), extents<1>{n}));
     return {tmp.data(), s.shape};
   }
 }
@@ -120,17 +122,7 @@ class linear {
     }
     ops::gemm_batch(host{}, std::span<const ops::gemm_op<T>>(g));
     for (const auto& o : outs)
-      if (o.layer->bias_) add_bias(o.y, weights_as<T>(*o.layer->bias_, params, ws));
-  }
-
-  /// y [n, out] += b [out] on every row.
-  static void add_bias(tensor_view<T, host, 2> y, tensor_view<const T, host, 1> b) {
-    LOOM_CHECK(b.extent(0) == y.extent(1), "nn::linear: a bias of ", b.extent(0), " for ", y.extent(1), " outputs");
-    for (index_t r = 0; r < y.extent(0); ++r) {
-      T* yr = &y(r, 0);
-      LOOM_SIMD
-      for (index_t j = 0; j < y.extent(1); ++j) yr[j] += b(j);
-    }
+      if (o.layer->bias_) ops::add_bias(host{}, o.y, weights_as<T>(*o.layer->bias_, params, ws));
   }
 
   /// Backward of forward_all: dW_i += dy_i^T x, db_i += sum_rows dy_i, and dx += sum_i dy_i W_i
@@ -161,12 +153,7 @@ class linear {
     ops::gemm_batch(host{}, std::span<const ops::gemm_op<T>>(g));
     for (const auto& d : dys) {
       if (!d.layer->bias_ || !weight_grads) continue;
-      auto db = d.layer->bias_->in(grads);
-      for (index_t r = 0; r < d.dy.extent(0); ++r) {
-        const T* gr = &d.dy(r, 0);
-        LOOM_SIMD
-        for (index_t j = 0; j < d.layer->out_features(); ++j) db(j) += dy_scale * gr[j];
-      }
+      ops::bias_backward(host{}, d.dy, d.layer->bias_->in(grads), dy_scale);
     }
   }
 

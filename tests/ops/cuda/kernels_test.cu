@@ -48,6 +48,7 @@
 #include <doctest/doctest.h>
 
 #include "ops/cuda/compare.hpp"
+#include "ops/cuda/transfer.hpp"
 
 #include "kv/cuda/scrambled_pool.hpp"
 
@@ -67,29 +68,10 @@ using loom::index_t;
 using loom::make_view;
 namespace ops = loom::ops;
 
-/// A device copy of a host vector.
-template <class T>
-loom::buffer<T, loom::cuda> upload(const std::vector<T>& v) {
-  loom::buffer<T, loom::cuda> d(v.size());
-  LOOM_CUDA_CHECK(cudaMemcpy(d.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-template <class T>
-std::vector<T> download(const loom::buffer<T, loom::cuda>& d) {
-  std::vector<T> v(d.size());
-  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-  LOOM_CUDA_CHECK(cudaMemcpy(v.data(), d.data(), v.size() * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
-
-template <class T, class... I>
-auto cview(const loom::buffer<T, loom::cuda>& b, I... e) {
-  return loom::tensor_view<const T, loom::cuda, sizeof...(I)>(b.data(), loom::extents<sizeof...(I)>{index_t(e)...});
-}
-template <class T, class... I>
-auto mview(loom::buffer<T, loom::cuda>& b, I... e) {
-  return loom::tensor_view<T, loom::cuda, sizeof...(I)>(b.data(), loom::extents<sizeof...(I)>{index_t(e)...});
-}
+using loom::testing::cview;
+using loom::testing::download;
+using loom::testing::mview;
+using loom::testing::upload;
 
 constexpr double rtol32 = 1e-5, atol32 = 1e-6;
 

@@ -5,7 +5,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 TEST_CASE("host fill and cast") {
   loom::buffer<float> x(1000);
@@ -35,4 +37,31 @@ TEST_CASE("host fill split over a 3-thread pool reaches every element and nothin
     for (std::size_t i = 0; i < x.size(); ++i) wrong += x[i] != ((i == 0 || i == x.size() - 1) ? -1.f : 2.5f);
     CHECK(wrong == 0);
   }
+}
+
+TEST_CASE("host add_bias and bias_backward against a double loop; a strided y and mismatched shapes") {
+  const loom::index_t n = 37, out = 19, ld = 23;  // y's rows 23 apart: only 19 columns are the layer's
+  std::vector<float> y(static_cast<std::size_t>(n * ld)), b(static_cast<std::size_t>(out)), dy(static_cast<std::size_t>(n * out)),
+      db(static_cast<std::size_t>(out));
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = std::sin(0.3f * float(i));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = 0.1f * float(i) - 0.7f, db[i] = std::cos(float(i));
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = std::sin(1.7f * float(i) + 0.2f);
+  const auto y0 = y, db0 = db;
+  const loom::tensor_view<float, loom::host, 2> yv(y.data(), loom::extents<2>{n, out}, {ld, 1});
+  loom::ops::add_bias(loom::host{}, yv, loom::make_view(b.data(), out));
+  loom::ops::bias_backward(loom::host{}, loom::make_view(dy.data(), n, out), loom::make_view(db.data(), out), 0.5f);
+  for (loom::index_t r = 0; r < n; ++r)
+    for (loom::index_t j = 0; j < ld; ++j) {
+      const auto i = std::size_t(r * ld + j);
+      CHECK(y[i] == (j < out ? y0[i] + b[std::size_t(j)] : y0[i]));  // one add: exact; the gap untouched
+    }
+  for (loom::index_t j = 0; j < out; ++j) {
+    double want = db0[std::size_t(j)];
+    for (loom::index_t r = 0; r < n; ++r) want += 0.5 * double(dy[std::size_t(r * out + j)]);
+    CHECK(db[std::size_t(j)] == doctest::Approx(want).epsilon(1e-5));
+  }
+  CHECK_THROWS_WITH_AS(loom::ops::add_bias(loom::host{}, yv, loom::make_view(b.data(), out - 1)),
+                       doctest::Contains("a bias of 18 for 19 outputs"), loom::error);
+  CHECK_THROWS_WITH_AS(loom::ops::bias_backward(loom::host{}, loom::make_view(dy.data(), n, out), loom::make_view(db.data(), 3)),
+                       doctest::Contains("a bias of 3 for 19 outputs"), loom::error);
 }

@@ -1,6 +1,7 @@
 #pragma once
-// Fill, element-type cast and in-place add on the host. Mirror of ops/cuda/fill.cuh (same names, overloaded
-// on the device tag). Casts go through float for the 16-bit types (round to nearest even).
+// Fill, element-type cast, in-place add and a layer's bias (added to every row; its gradient,
+// the column sums) on the host. Mirror of ops/cuda/fill.cuh (same names, overloaded on the
+// device tag). Casts go through float for the 16-bit types (round to nearest even).
 // A fill of more than 64K elements is split over host_pool(): the per-step zeroing of
 // gradients and workspace buffers would otherwise leave the other pool threads idle.
 
@@ -11,6 +12,7 @@
 #include <loom/ops/host/common.hpp>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace loom::ops {
 
@@ -26,7 +28,7 @@ void fill(host, tensor_view<T, host, 1> x, T value) {
 /// >= 32K elements on host_pool(), each element added once, so any thread count gives the
 /// same bits).
 template <compute_type T>
-void add(host, tensor_view<T, host, 1> y, tensor_view<const T, host, 1> x) {
+void add(host, tensor_view<T, host, 1> y, in_view<T, 1> x) {
   LOOM_CHECK(y.numel() == x.numel(), "ops::add: y has ", y.numel(), " elements, x has ", x.numel());
   LOOM_CHECK(y.is_contiguous() && x.is_contiguous(), "ops::add: views must be contiguous");
   T* LOOM_RESTRICT yp = y.data();
@@ -35,6 +37,34 @@ void add(host, tensor_view<T, host, 1> y, tensor_view<const T, host, 1> x) {
     LOOM_SIMD
     for (index_t i = b; i < e; ++i) yp[i] += xp[i];
   });
+}
+
+/// y [n, out] += b [out] on every row (a linear layer's bias; y's rows contiguous).
+template <compute_type T>
+void add_bias(host, tensor_view<T, host, 2> y, in_view<T, 1> b) {
+  LOOM_CHECK(b.extent(0) == y.extent(1), "ops::add_bias: a bias of ", b.extent(0), " for ", y.extent(1), " outputs");
+  LOOM_CHECK(y.stride(1) == 1 && b.is_contiguous(), "ops::add_bias: y's rows and b must be contiguous");
+  for (index_t r = 0; r < y.extent(0); ++r) {
+    T* LOOM_RESTRICT yr = &y(r, 0);
+    const T* LOOM_RESTRICT bp = b.data();
+    LOOM_SIMD
+    for (index_t j = 0; j < y.extent(1); ++j) yr[j] += bp[j];
+  }
+}
+
+/// db [out] += scale * sum over rows of dy [n, out], row after row (so each db element adds
+/// its column in row order, on either backend).
+template <compute_type T>
+void bias_backward(host, in_view<T, 2> dy, tensor_view<T, host, 1> db, std::type_identity_t<T> scale = T(1)) {
+  LOOM_CHECK(db.extent(0) == dy.extent(1), "ops::bias_backward: a bias of ", db.extent(0), " for ", dy.extent(1),
+             " outputs");
+  LOOM_CHECK(dy.stride(1) == 1 && db.is_contiguous(), "ops::bias_backward: dy's rows and db must be contiguous");
+  T* LOOM_RESTRICT dp = db.data();
+  for (index_t r = 0; r < dy.extent(0); ++r) {
+    const T* LOOM_RESTRICT gr = &dy(r, 0);
+    LOOM_SIMD
+    for (index_t j = 0; j < dy.extent(1); ++j) dp[j] += scale * gr[j];
+  }
 }
 
 /// out[i] = Out(in[i]); the views must have the same length.
