@@ -12,11 +12,13 @@
 //   greedy   - a block argmax (ties: the lower id), no sort;
 //   sampling - the row's (logit, id) pairs sorted in candidate order by a bitonic sort over a
 //              power-of-two copy in global memory (padding: -inf, id INT32_MAX, after every
-//              real candidate), the kept candidates' weights in parallel, then one thread
-//              makes the top-p cut and the draw over them in order (ops::math::draw_candidate).
+//              real candidate), its steps within 4096-element chunks in shared memory, the
+//              kept candidates' weights in parallel, then one thread makes the top-p cut and
+//              the draw over them in order (ops::math::draw_candidate).
 // Cost: the sort is O(V log^2 V) a row and the draw a sequential pass over the kept
 // candidates (all of them without top-k); a radix select of the top-k, or of the top-p mass,
-// would cut both (not done yet). Draws u are computed on the host (counter_rng, as the host
+// would cut both (not done yet). Any correct sort gives the host's order (ids are unique, so
+// candidate order is total), which is why the sort may change without changing a token. Draws u are computed on the host (counter_rng, as the host
 // sampler does) and passed with the row's parameters.
 
 #include <loom/core/buffer.hpp>
@@ -44,6 +46,7 @@ namespace loom::kv {
 namespace kernels {
 
 inline constexpr unsigned sample_block = 256;
+inline constexpr std::int64_t sort_chunk = 4096;  // elements sorted in shared memory at a time: 32 KiB
 
 /// What the kernel reads of a row: its parameters, its draw, its part of the batch's history.
 struct sample_row {
@@ -100,20 +103,41 @@ __global__ void __launch_bounds__(sample_block)
   __syncthreads();
   // Bitonic sort into candidate order: in a run whose bit k is clear the pair (i, i ^ j) is put
   // in order, in the others in reverse, until the last merge (k = padded) orders everything.
-  for (std::int64_t k = 2; k <= padded; k <<= 1)
-    for (std::int64_t j = k >> 1; j > 0; j >>= 1) {
-      for (std::int64_t i = t; i < padded; i += step) {
-        const std::int64_t l = i ^ j;
-        if (l <= i) continue;
-        const bool in_order = ops::math::sampled_before(key[i], id[i], key[l], id[l]);
-        if (in_order != ((i & k) == 0)) {
-          const float kt = key[i];
-          const token_id it = id[i];
-          key[i] = key[l], id[i] = id[l], key[l] = kt, id[l] = it;
-        }
+  // Steps with j < sort_chunk pair elements of one aligned chunk, so they run in shared memory,
+  // chunk after chunk: first every merge up to the chunk's size, then for each larger merge the
+  // steps of its j below the chunk. Only the steps with j >= sort_chunk pass through global
+  // memory (10 of 120 at a 32000-word vocabulary): each of those is a round trip per element.
+  __shared__ float chunk_key[sort_chunk];
+  __shared__ token_id chunk_id[sort_chunk];
+  const std::int64_t chunk = padded < sort_chunk ? padded : std::int64_t{sort_chunk};
+  const auto order = [](float* kk, token_id* ii, std::int64_t i, std::int64_t l, bool up) {  // (i, l) into direction up
+    if (ops::math::sampled_before(kk[i], ii[i], kk[l], ii[l]) != up) {
+      const float kt = kk[i];
+      const token_id it = ii[i];
+      kk[i] = kk[l], ii[i] = ii[l], kk[l] = kt, ii[l] = it;
+    }
+  };
+  const auto chunk_steps = [&](std::int64_t c0, std::int64_t k_first, std::int64_t k_last) {
+    for (std::int64_t i = t; i < chunk; i += step) chunk_key[i] = key[c0 + i], chunk_id[i] = id[c0 + i];
+    __syncthreads();
+    for (std::int64_t k = k_first; k <= k_last; k <<= 1)
+      for (std::int64_t j = (k < chunk ? k : chunk) >> 1; j > 0; j >>= 1) {
+        for (std::int64_t i = t; i < chunk; i += step)
+          if ((i ^ j) > i) order(chunk_key, chunk_id, i, i ^ j, ((c0 + i) & k) == 0);
+        __syncthreads();
       }
+    for (std::int64_t i = t; i < chunk; i += step) key[c0 + i] = chunk_key[i], id[c0 + i] = chunk_id[i];
+    __syncthreads();
+  };
+  for (std::int64_t c0 = 0; c0 < padded; c0 += chunk) chunk_steps(c0, 2, chunk);
+  for (std::int64_t k = 2 * chunk; k <= padded; k <<= 1) {
+    for (std::int64_t j = k >> 1; j >= chunk; j >>= 1) {
+      for (std::int64_t i = t; i < padded; i += step)
+        if ((i ^ j) > i) order(key, id, i, i ^ j, (i & k) == 0);
       __syncthreads();
     }
+    for (std::int64_t c0 = 0; c0 < padded; c0 += chunk) chunk_steps(c0, k, k);
+  }
   const std::int32_t keep = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
   double* w = weights + static_cast<std::int64_t>(b) * padded;
   const double max = key[0];
