@@ -430,9 +430,11 @@ void with_decode_kernel(std::int64_t dim, std::int64_t group, bool aligned16, F&
   const int c = static_cast<int>((dim + vf - 1) / vf);
   if (aligned16 && dim % vf == 0 && c <= 32) {
     const int lanes = static_cast<int>(std::bit_ceil(static_cast<unsigned>(c)));
-    const std::size_t smem = decode_staged_bytes(dim, sizeof(T));
-    if (group % 4 == 0) return f(decode_split_staged<T, 4>, 4, lanes, smem);
-    if (group % 2 == 0) return f(decode_split_staged<T, 2>, 2, lanes, smem);
+    const int heads = group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+    // the stages are finish's scratch too
+    const std::size_t smem = std::max(decode_staged_bytes(dim, sizeof(T)), decode_finish_bytes(heads, dim));
+    if (heads == 4) return f(decode_split_staged<T, 4>, 4, lanes, smem);
+    if (heads == 2) return f(decode_split_staged<T, 2>, 2, lanes, smem);
     return f(decode_split_staged<T, 1>, 1, lanes, smem);
   }
   if constexpr (vf < 8) {  // 2-byte elements: c <= 32 for every head_dim <= 256
