@@ -183,9 +183,22 @@ struct warp_lanes {
   barrier meet{32};
   float f[32];
   int i[32];
+  std::uint32_t words[32][16];  // warp_share's
 };
 inline warp_lanes* this_warp = nullptr;
 inline barrier* block_barrier = nullptr;
+
+/// All 32 lanes publish their N words, then each calls use(words) on every lane's ([32][16],
+/// row = lane): a warp-collective instruction's operands (ops/cuda/mma.cuh's matrix product).
+template <std::size_t N, class F>
+inline void warp_share(const std::uint32_t (&mine)[N], F&& use) {
+  static_assert(N <= 16, "warp_share: at most 16 words a lane");
+  const unsigned lane = threadIdx.x % 32;
+  for (std::size_t i = 0; i < N; ++i) this_warp->words[lane][i] = mine[i];
+  this_warp->meet.arrive_and_wait();
+  use(static_cast<const std::uint32_t(*)[16]>(this_warp->words));
+  this_warp->meet.arrive_and_wait();
+}
 
 /// All 32 lanes publish v, then each reads lane `from(lane)`'s value.
 template <class F>

@@ -29,6 +29,7 @@
 #include <loom/ops/cuda/cross_entropy.cuh>
 #include <loom/ops/cuda/embedding.cuh>
 #include <loom/ops/cuda/gemm.hpp>
+#include <loom/ops/cuda/mma.cuh>
 #include <loom/ops/cuda/norm.cuh>
 #include <loom/ops/cuda/reduce.cuh>
 #include <loom/ops/cuda/rope.cuh>
@@ -656,6 +657,61 @@ TEST_CASE("cuBLAS GEMM: fp32, and bf16 / fp16 operands with fp32 accumulation, a
   loom::buffer<float, loom::cuda> a(6), b(6), c(4);
   CHECK_THROWS_WITH_AS(ops::gemm(loom::cuda{}, handle, cview(a, 2, 3), cview(b, 2, 3), mview(c, 2, 2)),
                        doctest::Contains("inner sizes differ"), loom::error);
+}
+
+namespace {
+
+/// One warp: d [16 mt][8 nt] = a [16 mt][16 ks] b [16 ks][8 nt] (row-major; bf16 in, fp32 out)
+/// tile by tile through the m16n8k16 fragments, accumulating over k.
+__global__ void mma_gemm(const loom::bfloat16* __restrict__ a, const loom::bfloat16* __restrict__ b, float* __restrict__ d,
+                         int mt, int nt, int ks) {
+  using L = ops::mma::m16n8k16;
+  const int lane = static_cast<int>(threadIdx.x % 32), k = ks * L::k, n = nt * L::n;
+  for (int ti = 0; ti < mt; ++ti)
+    for (int tj = 0; tj < nt; ++tj) {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int s = 0; s < ks; ++s) {
+        const auto at = [&](int i) { return a[(ti * L::m + L::a_row(lane, i)) * k + s * L::k + L::a_col(lane, i)]; };
+        const auto bt = [&](int i) { return b[(s * L::k + L::b_row(lane, i)) * n + tj * L::n + L::b_col(lane, i)]; };
+        const std::uint32_t af[4] = {ops::mma::pack_bf16(at(0), at(1)), ops::mma::pack_bf16(at(2), at(3)),
+                                     ops::mma::pack_bf16(at(4), at(5)), ops::mma::pack_bf16(at(6), at(7))};
+        const std::uint32_t bf[2] = {ops::mma::pack_bf16(bt(0), bt(1)), ops::mma::pack_bf16(bt(2), bt(3))};
+        float out[4];
+        ops::mma::mma_bf16(out, af, bf, acc);
+        for (int i = 0; i < 4; ++i) acc[i] = out[i];
+      }
+      for (int i = 0; i < 4; ++i) d[(ti * L::m + L::c_row(lane, i)) * n + tj * L::n + L::c_col(lane, i)] = acc[i];
+    }
+}
+
+}  // namespace
+
+TEST_CASE("the tensor-core product (mma m16n8k16, bf16 in, fp32 out) equals a double product; its fragment maps tile") {
+  using L = ops::mma::m16n8k16;
+  // every element of A, B and C is one lane's element, exactly once
+  int a_seen[16][16] = {}, b_seen[16][8] = {}, c_seen[16][8] = {};
+  for (int l = 0; l < 32; ++l) {
+    for (int i = 0; i < 8; ++i) ++a_seen[L::a_row(l, i)][L::a_col(l, i)];
+    for (int i = 0; i < 4; ++i) ++b_seen[L::b_row(l, i)][L::b_col(l, i)], ++c_seen[L::c_row(l, i)][L::c_col(l, i)];
+  }
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) REQUIRE(a_seen[r][c] == 1);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 8; ++c) REQUIRE((b_seen[r][c] == 1 && c_seen[r][c] == 1));
+  const int mt = 2, nt = 3, ks = 3, m = 16 * mt, n = 8 * nt, k = 16 * ks;
+  const auto a = random_vector<loom::bfloat16>(std::size_t(m * k), 80), b = random_vector<loom::bfloat16>(std::size_t(k * n), 81);
+  std::vector<float> want(std::size_t(m * n));
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int kk = 0; kk < k; ++kk) s += double(float(a[std::size_t(i * k + kk)])) * double(float(b[std::size_t(kk * n + j)]));
+      want[std::size_t(i * n + j)] = float(s);
+    }
+  auto ga = upload(a), gb = upload(b);
+  auto gd = upload(std::vector<float>(want.size(), -9.f));
+  LOOM_LAUNCH(mma_gemm, 1, 32, 0, nullptr)(ga.data(), gb.data(), gd.data(), mt, nt, ks);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+  require_close(download(gd), want, 1e-5, 1e-5, "mma");  // bf16 products are exact in fp32: only the sums round
 }
 
 TEST_CASE("token sampling on the GPU picks the host sampler's token (greedy, temperature, top-k, top-p, penalty, ties)") {
