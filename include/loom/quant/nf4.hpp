@@ -134,8 +134,8 @@ inline constexpr std::array<float, 256> dynamic_map = [] {
 
 /// A double-quantised block's absmax, dynamic_map[code] * scale + offset, in bitsandbytes' two
 /// fp32 roundings on every backend. The product is rounded on its own: on the device __fmul_rn,
-/// since nvcc would otherwise widen it and fuse it with the sum into one double FMA (seen on an
-/// H200: the GPU's dequantised weights then differed from the host's). The sum is taken in
+/// since nvcc would otherwise widen it and fuse it with the sum into one double FMA (it does:
+/// the GPU's dequantised weights then differ from the host's). The sum is taken in
 /// double, which rounds to the fp32 sum exactly (53 >= 2 * 24 + 2 bits).
 LOOM_HOST_DEVICE inline float double_quant_absmax(float code_value, float scale, float offset) noexcept {
 #ifdef __CUDA_ARCH__

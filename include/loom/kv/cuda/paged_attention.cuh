@@ -6,19 +6,21 @@
 // Decode, as FlashInfer does it for long contexts (split-KV): the keys of a sequence are cut
 // into `splits` ranges; a block of `decode_warps` warps takes one range of one sequence for up
 // to 4 query heads that share a key/value head (GQA), so each key and value row is read from
-// memory once for all of them. A row is spread over a group of lanes in 16-byte vectors (16
-// lanes for 128 bf16 elements, two rows a warp per load); each lane group loads several rows
-// before it scores them, so that enough loads are in flight to keep the memory busy (decode is
-// bandwidth-bound: its arithmetic is two multiply-adds a loaded element per head, so every
-// other instruction a key costs is counted). A score is a shuffle reduction over the lane
-// group, folded in one key at a time by the online-softmax step in base 2 (the query carries
-// scale * log2(e), so e^(s - m) is one exp2: the multi-instruction exp per key and head was
-// most of the kernel's time). At the end the states go back to natural units and are merged
-// with the host's ops::math::online_softmax_merge: the lane groups' with shuffles, the warps'
-// in warp order inside the block, then the ranges' in range order by a second kernel. No
-// atomics, so the result is the same on every run; it differs from the host's one-pass result
-// by the order of additions and exp2's rounding (the tests' tolerance says how much).
-// A head_dim that is not a multiple of 16 bytes takes element loads and one head a block.
+// memory once for all of them. The block copies tiles of rows into shared memory with
+// cp.async, several tiles in flight, so that the memory stays busy without registers holding
+// the loads. A row is spread over a group of lanes in 16-byte vectors (16 lanes for 128 bf16
+// elements: two rows a warp). A score is a shuffle reduction over the lane group, folded in
+// one key at a time by the online-softmax step in base 2 (the query carries scale * log2(e),
+// so e^(s - m) is one exp2 instead of a multi-instruction exp: with two multiply-adds a
+// loaded element per head, every other instruction a key and head costs counts). At the end
+// the states go back to natural units and are merged with the host's
+// ops::math::online_softmax_merge: the lane groups' with shuffles, the warps' in warp order
+// inside the block, then the ranges' in range order by a second kernel. No atomics, so the
+// result is the same on every run; it differs from the host's one-pass result by the order
+// of additions and exp2's rounding (the tests' tolerance says how much).
+// A head_dim that is not a multiple of 16 bytes, fp32 rows of more than 128 elements or a pool
+// not 16-byte aligned take a register kernel (rows loaded into registers, element by element
+// where needed) and one head a block.
 //
 // Prefill (ragged query runs, decode rows among them) runs the training forward's tiles
 // (ops/cuda/attention.cuh) over keys gathered from the pages. Every kernel here, launch code
@@ -354,8 +356,8 @@ LOOM_HOST_DEVICE inline int decode_tile_keys(std::int64_t dim, std::size_t elem)
 
 /// The fast path (head_dim a multiple of 16 bytes, a row in at most 32 lanes): the block copies
 /// tiles of key and value rows into shared memory with cp.async, decode_stages tiles in
-/// flight, so the loads in flight are not bounded by registers (decode is bandwidth-bound; the
-/// register version kept too few bytes in flight on an H200); each lane group then folds its
+/// flight, so the bytes in flight are not bounded by registers (a register version must hold
+/// its loads until it uses them, which caps the blocks an SM keeps); each lane group folds its
 /// keys of the tile in from shared memory. Dynamic shared memory: decode_stages stages.
 template <class T, int HB>
 __global__ void __launch_bounds__(decode_warps * 32)
