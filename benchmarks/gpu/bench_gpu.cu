@@ -169,21 +169,17 @@ struct interleaved_pool {
 /// reads the key and value rows of its key range, 16 bytes a thread at a time, and folds the
 /// bits so that no load is optimised away. Its rate is what the pool's layout and the decode
 /// grid allow, the ceiling for paged decode on the device.
-__global__ void read_pool(const uint4* __restrict__ cache, const std::int32_t* __restrict__ indptr,
+__global__ void read_pool(const loom::bfloat16* __restrict__ cache, const std::int32_t* __restrict__ indptr,
                           const std::int32_t* __restrict__ indices, const std::int32_t* __restrict__ last_page_len,
-                          std::int32_t bs, std::int64_t hk, std::int32_t chunks, std::int64_t splits, unsigned* sink) {
-  const std::int64_t split = blockIdx.x, kvh = blockIdx.y;
-  const std::int32_t b = static_cast<std::int32_t>(blockIdx.z), pages = indptr[b + 1] - indptr[b];
-  const std::int64_t kv_len = pages == 0 ? 0 : std::int64_t(pages - 1) * bs + last_page_len[b];
-  const std::int64_t per = (kv_len + splits - 1) / splits, j0 = std::min(kv_len, split * per), j1 = std::min(kv_len, j0 + per);
-  const std::int64_t token_stride = hk * chunks, kv_half = bs * token_stride;
-  const std::int32_t* pg = indices + indptr[b];
+                          std::int32_t bs, std::int64_t hk, std::int32_t dim, std::int64_t splits, unsigned* sink) {
+  const loom::kv::kernels::decode_block blk(indptr, last_page_len, bs, hk, splits, 1);  // gridDim.y = hk: one head each
+  const auto rows = blk.rows(cache, indices, indptr, bs, hk, dim);
+  const std::int32_t chunks = dim / 8;  // 16 bytes of bf16
   unsigned acc = 0;
 #pragma unroll 4
-  for (std::int64_t i = j0 * chunks + threadIdx.x; i < j1 * chunks; i += blockDim.x) {
-    const auto j = static_cast<std::int32_t>(i / chunks), c = static_cast<std::int32_t>(i % chunks);
-    const uint4* row = cache + pg[j / bs] * 2 * kv_half + (j % bs) * token_stride + kvh * chunks + c;
-    const uint4 k = row[0], v = row[kv_half];
+  for (std::int64_t i = blk.j0 * chunks + threadIdx.x; i < blk.j1 * chunks; i += blockDim.x) {
+    const loom::bfloat16* key = rows.key(i / chunks) + (i % chunks) * 8;
+    const uint4 k = *reinterpret_cast<const uint4*>(key), v = *reinterpret_cast<const uint4*>(key + rows.kv_half);
     acc ^= k.x ^ k.y ^ k.z ^ k.w ^ v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9e3779b9u) *sink = acc;  // practically never; keeps the loads
@@ -206,9 +202,9 @@ void bench_decode(const options& o, std::int32_t batch, std::int64_t kv_len) {
   loom::buffer<unsigned, loom::cuda> sink(1);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(P::kv_heads), static_cast<unsigned>(batch));
   const double read_ms = median_ms(o.reps, [&] {
-    read_pool<<<grid, 128>>>(reinterpret_cast<const uint4*>(pool.cache.data()), pool.csr.indptr.data(),
-                             pool.csr.indices.data(), pool.csr.last_page_len.data(), P::block_size, P::kv_heads,
-                             static_cast<std::int32_t>(P::dim * sizeof(loom::bfloat16) / 16), splits, sink.data());
+    read_pool<<<grid, 128>>>(pool.cache.data(), pool.csr.indptr.data(), pool.csr.indices.data(),
+                             pool.csr.last_page_len.data(), P::block_size, P::kv_heads, static_cast<std::int32_t>(P::dim),
+                             splits, sink.data());
     LOOM_CUDA_CHECK(cudaGetLastError());
   });
   row("  its rows read, no arithmetic (the layout's ceiling)", shape, read_ms, bytes / (read_ms * 1e-3) / 1e9, "GB/s", o.peak_gbs);

@@ -143,7 +143,8 @@ template <int V, int NV, int HB>
 struct decode_state {
   float q[HB][NV][V], acc[HB][NV][V], m[HB], l[HB];
 
-  __device__ decode_state(const float* qr, std::int64_t q_stride, float scale, int lanes, int lane_in, std::int32_t dim) {
+  /// From q's rows qr [HB][dim].
+  __device__ decode_state(const float* qr, float scale, int lanes, int lane_in, std::int32_t dim) {
     const float scale_log2 = scale * 1.4426950408889634f;
 #pragma unroll
     for (int hb = 0; hb < HB; ++hb) {
@@ -152,7 +153,7 @@ struct decode_state {
       for (int n = 0; n < NV; ++n) {
         const int e = (n * lanes + lane_in) * V;
 #pragma unroll
-        for (int v = 0; v < V; ++v) q[hb][n][v] = e < dim ? qr[hb * q_stride + e + v] * scale_log2 : 0.f, acc[hb][n][v] = 0.f;
+        for (int v = 0; v < V; ++v) q[hb][n][v] = e < dim ? qr[hb * dim + e + v] * scale_log2 : 0.f, acc[hb][n][v] = 0.f;
       }
     }
   }
@@ -267,55 +268,59 @@ inline std::size_t decode_finish_bytes(int heads, std::int64_t dim) {
          sizeof(float);
 }
 
-/// Where a block's key and value rows are: the sequence's pages, its key range's end, the pool's
-/// strides and the key/value head's offset in a token's row.
+/// Where a sequence's key rows of one key/value head are (its value rows: kv_half further).
 template <class T>
 struct decode_rows {
   const T* cache;
   const std::int32_t* pages;
-  std::int64_t j1;
   std::int32_t bs;
-  std::int64_t head_offset, token_stride, kv_half, block_stride;
+  std::int64_t head_offset, token_stride, kv_half;
 
   __device__ LOOM_FORCE_INLINE const T* key(std::int64_t j) const {
     const auto jj = static_cast<std::int32_t>(j);
-    return cache + pages[jj / bs] * block_stride + (jj % bs) * token_stride + head_offset;
+    return cache + pages[jj / bs] * 2 * kv_half + (jj % bs) * token_stride + head_offset;
   }
 };
 
-/// The block's (split, head block, sequence) and key range, for both decode kernels.
+/// The block's (split, `heads` query heads of one key/value head, sequence), its first query
+/// row and key range, for both decode kernels (and the benchmark's read of the same rows).
 struct decode_block {
-  std::int64_t split, nh, h0, kvh, j0, j1;
+  std::int64_t split, nh, h0, kvh, row0, j0, j1;
   std::int32_t b;
 
   __device__ decode_block(const std::int32_t* indptr, const std::int32_t* last_page_len, std::int32_t bs, std::int64_t hk,
                           std::int64_t splits, int heads) {
     split = blockIdx.x, nh = static_cast<std::int64_t>(gridDim.y) * heads, h0 = blockIdx.y * std::int64_t{heads};
     b = static_cast<std::int32_t>(blockIdx.z);
-    kvh = h0 / (nh / hk);
+    kvh = h0 / (nh / hk), row0 = b * nh + h0;
     const std::int64_t kv_len = kv_len_of(indptr, last_page_len, b, bs), per = (kv_len + splits - 1) / splits;
     j0 = std::min(kv_len, split * per), j1 = std::min(kv_len, j0 + per);
   }
+
+  /// The block's rows in a pool [blocks, 2, bs, hk, dim].
+  template <class T>
+  __device__ decode_rows<T> rows(const T* cache, const std::int32_t* indices, const std::int32_t* indptr, std::int32_t bs,
+                                 std::int64_t hk, std::int32_t dim) const {
+    const std::int64_t token_stride = hk * dim;
+    return {cache, indices + indptr[b], bs, kvh * dim, token_stride, bs * token_stride};
+  }
 };
 
-/// One block per (split, HB query heads of one key/value head, sequence), the key and value
-/// rows read from memory once for the HB heads; see the file comment. This one loads each
-/// lane group's U rows into registers, then folds them in: for head_dims that are not a
-/// multiple of 16 bytes (V = 1, NV = 8) and fp32 rows of more than 128 elements (NV = 2).
-template <class T, int V, int NV, int HB>
+/// One block per (split, query head, sequence); see the file comment. This one loads each lane
+/// group's U rows into registers, then folds them in: for head_dims that are not a multiple of
+/// 16 bytes (V = 1, NV = 8), fp32 rows of more than 128 elements (NV = 2) and unaligned pools.
+template <class T, int V, int NV>
 __global__ void __launch_bounds__(decode_warps * 32)
     decode_split(const float* __restrict__ q, const T* __restrict__ cache, const std::int32_t* __restrict__ indptr,
                  const std::int32_t* __restrict__ indices, const std::int32_t* __restrict__ last_page_len,
                  std::int32_t bs, std::int64_t hk, std::int32_t dim, int lanes, float scale, std::int64_t splits,
                  float* __restrict__ out, float* __restrict__ ws_acc, float* __restrict__ ws_m, float* __restrict__ ws_l) {
   constexpr int U = 4;
-  const decode_block blk(indptr, last_page_len, bs, hk, splits, HB);
+  const decode_block blk(indptr, last_page_len, bs, hk, splits, 1);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int sub = lane / lanes, lane_in = lane % lanes, subs = 32 / lanes;
-  const std::int64_t token_stride = hk * dim, kv_half = bs * token_stride;
-  const std::int64_t row0 = static_cast<std::int64_t>(blk.b) * blk.nh + blk.h0;
-  decode_state<V, NV, HB> st(q + row0 * dim, dim, scale, lanes, lane_in, dim);
-  const decode_rows<T> rows{cache, indices + indptr[blk.b], blk.j1, bs, blk.kvh * dim, token_stride, kv_half, 2 * kv_half};
+  decode_state<V, NV, 1> st(q + blk.row0 * dim, scale, lanes, lane_in, dim);
+  const auto rows = blk.rows(cache, indices, indptr, bs, hk, dim);
   // each round the block takes decode_warps * U * subs consecutive keys; a lane group U of them
   const std::int64_t round = std::int64_t{decode_warps} * U * subs;
   for (std::int64_t r = blk.j0; r < blk.j1; r += round) {  // uniform over the block
@@ -332,7 +337,7 @@ __global__ void __launch_bounds__(decode_warps * 32)
         const int e = (n * lanes + lane_in) * V;
         if (ok[u] && e < dim) {
           kb[u][n] = load_vec<T, V>(key + e);
-          vb[u][n] = load_vec<T, V>(key + kv_half + e);
+          vb[u][n] = load_vec<T, V>(key + rows.kv_half + e);
         } else {
 #pragma unroll
           for (int i = 0; i < V; ++i) kb[u][n].e[i] = T(0.f), vb[u][n].e[i] = T(0.f);
@@ -342,8 +347,8 @@ __global__ void __launch_bounds__(decode_warps * 32)
 #pragma unroll
     for (int u = 0; u < U; ++u) st.fold(kb[u], vb[u], ok[u], lanes);
   }
-  __shared__ float finish_smem[decode_warps * HB * (max_head_dim + 2)];
-  st.finish(finish_smem, lanes, lane_in, dim, row0, splits, blk.split, out, ws_acc, ws_m, ws_l);
+  __shared__ float finish_smem[decode_warps * (max_head_dim + 2)];
+  st.finish(finish_smem, lanes, lane_in, dim, blk.row0, splits, blk.split, out, ws_acc, ws_m, ws_l);
 }
 
 inline constexpr int decode_stages = 3;
@@ -370,12 +375,10 @@ __global__ void __launch_bounds__(decode_warps * 32)
   const decode_block blk(indptr, last_page_len, bs, hk, splits, HB);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int sub = lane / lanes, lane_in = lane % lanes, subs = 32 / lanes;
-  const std::int64_t token_stride = hk * dim, kv_half = bs * token_stride;
-  const std::int64_t row0 = static_cast<std::int64_t>(blk.b) * blk.nh + blk.h0;
   const int tk = decode_tile_keys(dim, sizeof(T)), chunks = dim / V, tile_elems = tk * dim;
   LOOM_DYNAMIC_SHARED_FLOATS(smem);
   T* stages = reinterpret_cast<T*>(smem);  // [decode_stages][keys, values][tk][dim]
-  const decode_rows<T> rows{cache, indices + indptr[blk.b], blk.j1, bs, blk.kvh * dim, token_stride, kv_half, 2 * kv_half};
+  const auto rows = blk.rows(cache, indices, indptr, bs, hk, dim);
   const auto load_tile = [&](std::int64_t jt, int stage) {  // keys [jt, jt + tk) of the range, then a commit
     T* ks = stages + static_cast<std::int64_t>(stage) * 2 * tile_elems;
     for (int i = static_cast<int>(threadIdx.x); i < tk * chunks; i += decode_warps * 32) {
@@ -383,11 +386,11 @@ __global__ void __launch_bounds__(decode_warps * 32)
       if (jt + t >= blk.j1) break;  // i grows with t
       const T* key = rows.key(jt + t) + c;
       async_copy16(ks + t * dim + c, key);
-      async_copy16(ks + tile_elems + t * dim + c, key + kv_half);
+      async_copy16(ks + tile_elems + t * dim + c, key + rows.kv_half);
     }
     async_commit();
   };
-  decode_state<V, 1, HB> st(q + row0 * dim, dim, scale, lanes, lane_in, dim);
+  decode_state<V, 1, HB> st(q + blk.row0 * dim, scale, lanes, lane_in, dim);
   for (int s = 0; s < decode_stages - 1; ++s) load_tile(blk.j0 + std::int64_t{s} * tk, s);
   int stage = 0;
   for (std::int64_t jt = blk.j0; jt < blk.j1; jt += tk) {  // uniform over the block
@@ -412,7 +415,7 @@ __global__ void __launch_bounds__(decode_warps * 32)
   }
   async_wait<0>();
   __syncthreads();  // the stages become finish's scratch
-  st.finish(smem, lanes, lane_in, dim, row0, splits, blk.split, out, ws_acc, ws_m, ws_l);
+  st.finish(smem, lanes, lane_in, dim, blk.row0, splits, blk.split, out, ws_acc, ws_m, ws_l);
 }
 
 /// Dynamic shared memory of decode_split_staged for a head_dim and element size.
@@ -440,9 +443,9 @@ void with_decode_kernel(std::int64_t dim, std::int64_t group, bool aligned16, F&
     return f(decode_split_staged<T, 1>, 1, lanes, smem);
   }
   if constexpr (vf < 8) {  // 2-byte elements: c <= 32 for every head_dim <= 256
-    if (aligned16 && dim % vf == 0) return f(decode_split<T, vf, 2, 1>, 1, 32, std::size_t{0});  // c <= 64
+    if (aligned16 && dim % vf == 0) return f(decode_split<T, vf, 2>, 1, 32, std::size_t{0});  // c <= 64
   }
-  return f(decode_split<T, 1, 8, 1>, 1, static_cast<int>(std::bit_ceil(static_cast<unsigned>((dim + 7) / 8))), std::size_t{0});
+  return f(decode_split<T, 1, 8>, 1, static_cast<int>(std::bit_ceil(static_cast<unsigned>((dim + 7) / 8))), std::size_t{0});
 }
 
 /// One block per (head, row): the splits' states of a decode row (a sequence) or of a prefill
