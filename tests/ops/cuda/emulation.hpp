@@ -130,7 +130,8 @@ struct block_fibers {
   std::size_t scheduler_size = 0;
   std::vector<void*> fake_stack;
 #endif
-  std::vector<char> finished;
+  std::vector<char> finished;  // this block's body has returned
+  bool last_block = false;     // the grid's last: a fiber whose body returns ends for good
   std::function<void()> body;  // the kernel call, the same for every thread of the grid
   unsigned current = 0;
   std::uint64_t progress = 0;  // arrivals and finishes: unchanged over a whole round = deadlock
@@ -254,9 +255,13 @@ inline char* fiber_stacks(unsigned threads) {
 #if defined(__SANITIZE_ADDRESS__)
   __sanitizer_finish_switch_fiber(nullptr, &b->scheduler_bottom, &b->scheduler_size);
 #endif
-  b->body();
-  b->finished[b->current] = 1;
-  ++b->progress;
+  for (;;) {
+    b->body();
+    b->finished[b->current] = 1;
+    ++b->progress;
+    if (b->last_block) break;
+    to_scheduler();  // parked: the scheduler resumes it here for the grid's next block
+  }
   to_scheduler(/*finished=*/true);
   __builtin_unreachable();  // the scheduler never resumes a finished fiber
 }
@@ -284,8 +289,12 @@ void emulate_grid(F body, dim3 grid, unsigned threads) {
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         blockIdx = {x, y, z};
+        fibers.last_block = x + 1 == grid.x && y + 1 == grid.y && z + 1 == grid.z;
         for (unsigned t = 0; t < threads; ++t) {
-          make_fiber(fibers.context[t], fibers.stacks + t * fiber_stack_bytes, fiber_stack_bytes, fiber_entry);
+          // made once a launch: later blocks resume the fibers the earlier ones parked (under
+          // ASan a fresh fiber maps a fake stack, and ending one unmaps it: per block and
+          // thread, that was most of a many-block launch's time)
+          if (x + y + z == 0) make_fiber(fibers.context[t], fibers.stacks + t * fiber_stack_bytes, fiber_stack_bytes, fiber_entry);
           fibers.finished[t] = 0;
         }
         for (unsigned live = threads; live > 0;) {
