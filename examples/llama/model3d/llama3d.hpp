@@ -56,6 +56,8 @@
 #include <loom/core/random.hpp>
 #include <loom/nn/attention.hpp>
 #include <loom/nn/checkpoint.hpp>
+#include <loom/nn/context.hpp>
+#include <loom/nn/cross_entropy.hpp>
 #include <loom/nn/mlp.hpp>
 #include <loom/nn/norm.hpp>
 #include <loom/nn/parameters.hpp>
@@ -73,6 +75,7 @@
 #include <utility>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace llama3d {
@@ -116,33 +119,43 @@ struct block {
   /// Where forward's intermediates live, each [n, dim] (rstd: [n]). xn1 and xn2, rstd1 and
   /// rstd2 may be the same buffers when nothing keeps them; out may be x's buffer (x is last
   /// read before the MLP branch writes out).
-  struct buffers {
-    loom::tensor_view<const T, loom::host, 2> x;
-    loom::tensor_view<T, loom::host, 2> xn1;
-    loom::tensor_view<T, loom::host, 1> rstd1;
-    loom::tensor_view<T, loom::host, 2> h, xn2;
-    loom::tensor_view<T, loom::host, 1> rstd2;
-    loom::tensor_view<T, loom::host, 2> out;
+  template <class D = loom::host>
+  struct buffers_on {
+    loom::tensor_view<const T, D, 2> x;
+    loom::tensor_view<T, D, 2> xn1;
+    loom::tensor_view<T, D, 1> rstd1;
+    loom::tensor_view<T, D, 2> h, xn2;
+    loom::tensor_view<T, D, 1> rstd2;
+    loom::tensor_view<T, D, 2> out;
   };
+  using buffers = buffers_on<>;
   /// The block's one data flow, which training (stage_model: the layers' forward keeping
   /// activations) and inference (llama_engine: attention over a paged KV cache, no kept
   /// activations) both run:
   ///   h = x + attention(attention_norm(x)),  out = h + feed_forward(ffn_norm(h))
   /// `attend(xn, y)` and `mlp(xn, y)` are the two branches: each writes y [n, dim] from xn.
+  /// On ctx's device (the buffers' too).
+  template <class D, class P, class Attend, class Mlp>
+  void forward(const loom::nn::device_context<D>& ctx, std::span<P> p, const buffers_on<D>& b, Attend&& attend,
+               Mlp&& mlp) const {
+    using in2 = loom::tensor_view<const T, D, 2>;
+    attention_norm.forward(ctx, p, b.x, b.xn1, b.rstd1);
+    attend(in2(b.xn1), b.h);
+    add(ctx, b.h, b.x);
+    ffn_norm.forward(ctx, p, in2(b.h), b.xn2, b.rstd2);
+    mlp(in2(b.xn2), b.out);
+    add(ctx, b.out, in2(b.h));
+  }
   template <class P, class Attend, class Mlp>
   void forward(std::span<P> p, const buffers& b, Attend&& attend, Mlp&& mlp) const {
-    attention_norm.forward(p, b.x, b.xn1, b.rstd1);
-    attend(loom::tensor_view<const T, loom::host, 2>(b.xn1), b.h);
-    add(b.h, b.x);
-    ffn_norm.forward(p, loom::tensor_view<const T, loom::host, 2>(b.h), b.xn2, b.rstd2);
-    mlp(loom::tensor_view<const T, loom::host, 2>(b.xn2), b.out);
-    add(b.out, loom::tensor_view<const T, loom::host, 2>(b.h));
+    forward(loom::nn::host_context(), p, b, std::forward<Attend>(attend), std::forward<Mlp>(mlp));
   }
 
  private:
   // y += x, the residual add (both contiguous)
-  static void add(loom::tensor_view<T, loom::host, 2> y, loom::tensor_view<const T, loom::host, 2> x) {
-    loom::ops::add(loom::host{}, loom::make_view(y.data(), y.numel()), loom::make_view(x.data(), x.numel()));
+  template <class D>
+  static void add(const loom::nn::device_context<D>& ctx, loom::tensor_view<T, D, 2> y, loom::tensor_view<const T, D, 2> x) {
+    ctx.add(loom::make_view<D>(y.data(), y.numel()), loom::make_view<D>(x.data(), x.numel()));
   }
 };
 
@@ -272,28 +285,33 @@ struct param_source {
   virtual void release(std::size_t unit) = 0;
 };
 
-template <loom::ops::param_type P, loom::ops::compute_type T, loom::comm::communicator C>
+template <loom::ops::param_type P, loom::ops::compute_type T, loom::comm::communicator C, class D = loom::host>
 class stage_model {
+  static constexpr bool on_host = std::is_same_v<D, loom::host>;
   template <class E>
-  using view2 = loom::tensor_view<E, loom::host, 2>;
+  using view2 = loom::tensor_view<E, D, 2>;
+  template <class E>
+  using buf = loom::buffer<E, D>;
 
   struct block_acts {
-    loom::buffer<T> xn1, rstd1;  // [n, dim], [n]: attention_norm(x)
-    typename loom::nn::attention<T>::activations attn;
-    loom::buffer<T> h;           // [n, dim]: x + attention
-    loom::buffer<T> xn2, rstd2;  // ffn_norm(h)
-    typename loom::nn::swiglu_mlp<T>::activations mlp;
+    buf<T> xn1, rstd1;  // [n, dim], [n]: attention_norm(x)
+    typename loom::nn::attention<T>::template activations_on<D> attn;
+    buf<T> h;           // [n, dim]: x + attention
+    buf<T> xn2, rstd2;  // ffn_norm(h)
+    typename loom::nn::swiglu_mlp<T>::template activations_on<D> mlp;
   };
+  // The loss over the logits: vocab-parallel on the host (any tp); the whole row on a device (tp = 1).
+  using loss_type = std::conditional_t<on_host, tp::vocab_parallel_cross_entropy<T>, loom::nn::cross_entropy<T, D>>;
   // Everything one micro-batch in flight keeps between its forward and its backward.
   struct slot {
     index_t batch = 0, seq = 0;
     bool has_targets = false;
-    loom::buffer<std::int32_t> tokens, targets;  // [n]
-    loom::buffer<T> resid;                       // [layers + 1, n, dim]: stage input .. output
+    buf<std::int32_t> tokens, targets;  // [n]
+    buf<T> resid;                       // [layers + 1, n, dim]: stage input .. output
     loom::nn::block_activations<block_acts> acts;
-    loom::buffer<T> xf, rstdf, logits, dlogits;  // last stage: [n, dim], [n], [n, vocab/tp] x 2
-    std::unique_ptr<tp::vocab_parallel_cross_entropy<T>> loss;
-    loom::buffer<T> dout, din;                   // [n, dim]: gradient of the output / input
+    buf<T> xf, rstdf, logits, dlogits;  // last stage: [n, dim], [n], [n, vocab/tp] x 2
+    std::unique_ptr<loss_type> loss;
+    buf<T> dout, din;                   // [n, dim]: gradient of the output / input
   };
 
  public:
@@ -309,15 +327,23 @@ class stage_model {
   stage_model(const llama::config& c, C& tp_comm, int stage, int stages,
               loom::memory_resource& mr = loom::default_resource<loom::host>(), std::size_t pad_to = 1,
               bool frozen_projections = false, bool gradients = true)
-      : cfg_((check_tensor_split(c, tp_comm.size()), c)), tp_(&tp_comm), stage_(stage), stages_(stages),
-        range_(split_layers(c.n_layers, stages, stage)), mr_(&mr),
+    requires on_host
+      : stage_model(loom::nn::host_context(), c, tp_comm, stage, stages, mr, pad_to, frozen_projections, gradients) {}
+  /// On ctx's device (loom::nn::device_context; a CUDA one must outlive the model): its flat
+  /// buffers, activations and workspace in D's memory (mr), its layers' ops on ctx's stream.
+  /// A device other than the host runs one rank's whole model for now (tp = 1, pp = 1).
+  stage_model(const loom::nn::device_context<D>& ctx, const llama::config& c, C& tp_comm, int stage, int stages,
+              loom::memory_resource& mr = loom::default_resource<D>(), std::size_t pad_to = 1,
+              bool frozen_projections = false, bool gradients = true)
+      : cfg_((check_tensor_split(c, tp_comm.size()), check_device(tp_comm.size(), stages), c)), ctx_(&ctx), tp_(&tp_comm),
+        stage_(stage), stages_(stages), range_(split_layers(c.n_layers, stages, stage)), mr_(&mr),
         layers_(c, tp::tp_rank::of(tp_comm), range_, stage == 0, stage == stages - 1, pad_to, frozen_projections),
         size_((layers_.layout.size() + pad_to - 1) / pad_to * pad_to), params_(size_, mr), grads_(gradients ? size_ : 0, mr),
-        ws_(0, mr), dresid_(0, mr) {
+        ws_(ctx, 0, mr), dresid_(0, mr) {
     const auto full = stages == 1 && tp_comm.size() == 1 && !frozen_projections ? layers_.layout : full_layout(c);
     for (const auto& s : layers_.shards) full_offset_[s.name] = full.find(s.name).offset;
     for (const auto& s : layers_.frozen_shards) full_offset_[s.name] = full.find(s.name).offset;
-    std::fill(params_.begin(), params_.end(), P(0.f));
+    ctx_->fill(params_.view(), P(0.f));
     zero_grad();
   }
   stage_model(const stage_model&) = delete;
@@ -352,7 +378,7 @@ class stage_model {
       layers_.blocks[k].feed_forward.for_each_linear(g);
     }
   }
-  void zero_grad() { loom::ops::fill(loom::host{}, loom::make_view(gview_.data(), static_cast<index_t>(gview_.size())), T(0)); }
+  void zero_grad() { ctx_->fill(loom::make_view<D>(gview_.data(), static_cast<index_t>(gview_.size())), T(0)); }
   /// Parameters and gradients live elsewhere from now on (a ZeRO engine's buffers, in this
   /// model's layout, size() elements each); the model's own buffers are given back. params
   /// may be empty when a param_source provides every unit (ZeRO-3).
@@ -405,15 +431,21 @@ class stage_model {
   std::size_t unit_of_block(index_t l) const noexcept { return block_unit(l); }
   /// Layers read their parameters from `src` (a ZeRO-3 gatherer) instead of params(); null:
   /// from params() again. Only between passes.
-  void set_param_source(param_source<P>* src) noexcept { src_ = src; }
+  void set_param_source(param_source<P>* src) {
+    LOOM_CHECK(on_host || !src, "llama3d::set_param_source: a parameter source (ZeRO-3) serves a model on the host only, not on ",
+               D::name);
+    src_ = src;
+  }
 
   /// Weights ~ N(0, std), the two residual projections (wo, w2) N(0, std / sqrt(2 L)), norm
   /// weights 1, biases 0; element i of the full flat buffer depends on (seed, i) only, so every mesh
   /// initialises the same model.
   void init(std::uint64_t seed, float std = 0.02f) {
-    auto p = params();
+    std::vector<P> staged(on_host ? 0 : params().size());  // a device's values are made on the host, then copied
+    auto p = on_host ? params() : std::span<P>(staged);
     std::fill(p.begin(), p.end(), P(0.f));
     for (const auto& s : layers_.shards) init_shard(s, p.subspan(s.local_offset, static_cast<std::size_t>(s.rows * s.cols)), seed, std);
+    if constexpr (!on_host) ctx_->copy_from_host(staged.data(), params().data(), staged.size());
   }
   /// The values init(seed, std) gives the frozen shard s ([s.rows, s.cols], row-major), for a
   /// holder of the projections outside the flat buffer to take them from.
@@ -442,13 +474,15 @@ class stage_model {
 
   // ---- per micro-batch -------------------------------------------------------------------
   /// [n, dim] input of this stage for mb (a recv fills it; first stage: the embedding).
-  std::span<T> input(int mb, index_t batch, index_t seq) { return acquire(mb, batch, seq).resid.span().subspan(0, nd(batch, seq)); }
+  std::span<T> input(int mb, index_t batch, index_t seq) {
+    return std::span<T>(acquire(mb, batch, seq).resid.data(), nd(batch, seq));
+  }
   std::span<T> output(int mb) {
     slot& s = at(mb);
-    return s.resid.span().subspan(static_cast<std::size_t>(range_.layers()) * nd(s.batch, s.seq), nd(s.batch, s.seq));
+    return std::span<T>(s.resid.data() + static_cast<std::size_t>(range_.layers()) * nd(s.batch, s.seq), nd(s.batch, s.seq));
   }
-  std::span<T> output_grad(int mb) { return at(mb).dout.span(); }
-  std::span<T> input_grad(int mb) { return at(mb).din.span(); }
+  std::span<T> output_grad(int mb) { return std::span<T>(at(mb).dout.data(), at(mb).dout.size()); }
+  std::span<T> input_grad(int mb) { return std::span<T>(at(mb).din.data(), at(mb).din.size()); }
   /// Last stage: [n, vocab/tp] logits of mb's last forward (this rank's vocabulary columns).
   view2<const T> logits(int mb) {
     LOOM_CHECK(last_stage(), "llama3d::logits: only the last pipeline stage has logits (this is stage ", stage_, ")");
@@ -465,11 +499,12 @@ class stage_model {
                "] (both contiguous)");
     slot& sl = run_forward(mb, tokens);
     const index_t n = sl.batch * sl.seq;
-    std::copy_n(targets.data(), n, sl.targets.data());
+    ctx_->copy_from_host(targets.data(), sl.targets.data(), static_cast<std::size_t>(n));
     sl.has_targets = true;
     if (!last_stage()) return T(0);
-    return sl.loss->forward_backward(*tp_, view2<const T>(logits_of(sl)), ids(sl.targets, n),
-                                     sl.dlogits.view(n, layers_.output.local_out_features()));
+    const auto dlogits = sl.dlogits.view(n, layers_.output.local_out_features());
+    if constexpr (on_host) return sl.loss->forward_backward(*tp_, view2<const T>(logits_of(sl)), ids(sl.targets, n), dlogits);
+    else return sl.loss->forward_backward(view2<const T>(logits_of(sl)), ids(sl.targets, n), dlogits);
   }
   /// Logits only (no loss; backward is not available for mb after this).
   void forward(int mb, loom::tensor_view<const std::int32_t, loom::host, 2> tokens) { run_forward(mb, tokens); }
@@ -480,7 +515,7 @@ class stage_model {
     LOOM_CHECK(sl.has_targets, "llama3d::backward: micro-batch ", mb,
                " ran forward without targets: call forward(tokens, targets) first");
     const index_t n = sl.batch * sl.seq, d = cfg_.dim;
-    if (dresid_.size() != nd_(n, d)) dresid_ = loom::buffer<T>(nd_(n, d), *mr_);
+    if (dresid_.size() != nd_(n, d)) dresid_ = buf<T>(nd_(n, d), *mr_);
     auto dr = dresid_.view(n, d);
     if (last_stage()) {
       ws_.reset();
@@ -488,13 +523,14 @@ class stage_model {
       unit_use o(*this, layers_.output_unit);
       layers_.output.backward(*tp_, o.params(), outside_projections(unit_grads(layers_.output_unit)), sl.xf.view(n, d),
                               view2<const T>(sl.dlogits.view(n, layers_.output.local_out_features())),
-                              loom::make_view(dxf.data(), n, d), ws_, /*accumulate=*/false, dloss);
-      loom::ops::fill(loom::host{}, dresid_.view(), T(0));
+                              loom::make_view<D>(dxf.data(), n, d), ws_, /*accumulate=*/false, dloss);
+      ctx_->fill(dresid_.view(), T(0));
       unit_use h = next_use(o, layers_.head_unit);
-      layers_.norm.backward(h.params(), outside_projections(unit_grads(layers_.head_unit)),
-                            loom::make_view(static_cast<const T*>(dxf.data()), n, d), resid(sl, range_.layers()), sl.rstdf.view(), dr);
+      layers_.norm.backward(*ctx_, h.params(), outside_projections(unit_grads(layers_.head_unit)),
+                            loom::make_view<D>(static_cast<const T*>(dxf.data()), n, d), resid(sl, range_.layers()),
+                            sl.rstdf.view(), dr);
     } else {
-      std::copy(sl.dout.begin(), sl.dout.end(), dresid_.begin());
+      ctx_->copy(sl.dout.data(), dresid_.data(), dresid_.size());
     }
     for (index_t l = range_.layers(); l-- > 0;) {
       unit_use u(*this, block_unit(l));
@@ -503,10 +539,10 @@ class stage_model {
       block_backward(sl, l, a, u.params());
     }
     if (first_stage()) {  // reads no parameter: nothing to acquire
-      layers_.tok_embeddings.backward(outside_projections(unit_grads(layers_.embedding_unit)), ids(sl.tokens, n),
+      layers_.tok_embeddings.backward(*ctx_, outside_projections(unit_grads(layers_.embedding_unit)), ids(sl.tokens, n),
                                       view2<const T>(dr));
     } else {
-      std::copy(dresid_.begin(), dresid_.end(), sl.din.begin());
+      ctx_->copy(dresid_.data(), sl.din.data(), dresid_.size());
     }
   }
 
@@ -523,6 +559,11 @@ class stage_model {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
   }
   static std::size_t nd_(index_t n, index_t d) { return static_cast<std::size_t>(n * d); }
+  static int check_device(int tp_size, int stages) {
+    LOOM_CHECK(on_host || (tp_size == 1 && stages == 1), "llama3d::stage_model: on ", D::name,
+               " a rank runs the whole model for now (tp = 1, pp = 1), got tp=", tp_size, ", pp=", stages);
+    return 0;
+  }
   std::size_t nd(index_t b, index_t s) const { return nd_(b * s, cfg_.dim); }
 
   slot& run_forward(int mb, loom::tensor_view<const std::int32_t, loom::host, 2> tokens) {
@@ -532,10 +573,10 @@ class stage_model {
     LOOM_CHECK(tokens.is_contiguous(), "llama3d::forward: tokens must be contiguous");
     slot& sl = acquire(mb, b, s);
     sl.has_targets = false;
-    std::copy_n(tokens.data(), n, sl.tokens.data());
+    ctx_->copy_from_host(tokens.data(), sl.tokens.data(), static_cast<std::size_t>(n));
     if (first_stage()) {
       unit_use u(*this, layers_.embedding_unit);
-      layers_.tok_embeddings.forward(*tp_, u.params(), ids(sl.tokens, n), resid(sl, 0));
+      layers_.tok_embeddings.forward(*ctx_, *tp_, u.params(), ids(sl.tokens, n), resid(sl, 0));
     }
     for (index_t l = 0; l < range_.layers(); ++l) {
       unit_use u(*this, block_unit(l));
@@ -543,7 +584,7 @@ class stage_model {
     }
     if (last_stage()) {
       unit_use h(*this, layers_.head_unit);
-      layers_.norm.forward(h.params(), resid(sl, range_.layers()), sl.xf.view(n, d), sl.rstdf.view());
+      layers_.norm.forward(*ctx_, h.params(), view2<const T>(resid(sl, range_.layers())), sl.xf.view(n, d), sl.rstdf.view());
       unit_use o = next_use(h, layers_.output_unit);
       ws_.reset();
       layers_.output.forward(*tp_, o.params(), sl.xf.view(n, d), logits_of(sl), ws_);
@@ -553,6 +594,11 @@ class stage_model {
 
   template <class E, class F>
   void store(std::span<const E> local, std::span<F> full) const {
+    std::vector<E> staged(on_host ? 0 : local.size());  // a device's values are read through a host copy
+    if constexpr (!on_host) {
+      ctx_->copy_to_host(local.data(), staged.data(), staged.size());
+      local = staged;
+    }
     tp::shard_list canon;
     for (const auto& s : layers_.shards)
       if (s.replica == 0) canon.push_back(s);
@@ -586,26 +632,28 @@ class stage_model {
     const auto& blk = layers_.blocks.front();
     sl = slot{};
     sl.batch = b, sl.seq = s;
-    sl.tokens = loom::buffer<std::int32_t>(n, mr);
-    sl.targets = loom::buffer<std::int32_t>(n, mr);
-    sl.resid = loom::buffer<T>(static_cast<std::size_t>(range_.layers() + 1) * nd_(n, d), mr);
+    sl.tokens = buf<std::int32_t>(n, mr);
+    sl.targets = buf<std::int32_t>(n, mr);
+    sl.resid = buf<T>(static_cast<std::size_t>(range_.layers() + 1) * nd_(n, d), mr);
     sl.acts = loom::nn::block_activations<block_acts>(range_.layers(), checkpoint_, [&] {
-      return block_acts{loom::buffer<T>(n * d, mr), loom::buffer<T>(n, mr), blk.attention.make_activations(b, s, mr),
-                        loom::buffer<T>(n * d, mr), loom::buffer<T>(n * d, mr), loom::buffer<T>(n, mr),
-                        blk.feed_forward.make_activations(n, mr)};
+      return block_acts{buf<T>(n * d, mr), buf<T>(n, mr), blk.attention.template make_activations<D>(b, s, mr),
+                        buf<T>(n * d, mr), buf<T>(n * d, mr), buf<T>(n, mr),
+                        blk.feed_forward.template make_activations<D>(n, mr)};
     });
     if (last_stage()) {
       const index_t vl = layers_.output.local_out_features();
-      sl.xf = loom::buffer<T>(n * d, mr);
-      sl.rstdf = loom::buffer<T>(n, mr);
-      sl.logits = loom::buffer<T>(n * vl, mr);
-      sl.dlogits = loom::buffer<T>(n * vl, mr);
-      sl.loss = std::make_unique<tp::vocab_parallel_cross_entropy<T>>(cfg_.vocab, layers_.output.first_output(),
-                                                                       loom::ops::cross_entropy_options{}, mr);
+      sl.xf = buf<T>(n * d, mr);
+      sl.rstdf = buf<T>(n, mr);
+      sl.logits = buf<T>(n * vl, mr);
+      sl.dlogits = buf<T>(n * vl, mr);
+      if constexpr (on_host)
+        sl.loss = std::make_unique<loss_type>(cfg_.vocab, layers_.output.first_output(), loom::ops::cross_entropy_options{}, mr);
+      else
+        sl.loss = std::make_unique<loss_type>(*ctx_);
     } else {
-      sl.dout = loom::buffer<T>(n * d, mr);
+      sl.dout = buf<T>(n * d, mr);
     }
-    if (!first_stage()) sl.din = loom::buffer<T>(n * d, mr);
+    if (!first_stage()) sl.din = buf<T>(n * d, mr);
   }
 
   /// Block l of this stage: resid(l) -> resid(l + 1), filling its activations a; p: its unit.
@@ -613,7 +661,9 @@ class stage_model {
     const index_t n = sl.batch * sl.seq, d = cfg_.dim, b = sl.batch, s = sl.seq;
     const auto& blk = layers_.blocks[static_cast<std::size_t>(l)];
     ws_.reset();
-    blk.forward(p, {resid(sl, l), a.xn1.view(n, d), a.rstd1.view(), a.h.view(n, d), a.xn2.view(n, d), a.rstd2.view(), resid(sl, l + 1)},
+    blk.forward(*ctx_, p,
+                typename block<T>::template buffers_on<D>{resid(sl, l), a.xn1.view(n, d), a.rstd1.view(), a.h.view(n, d),
+                                                          a.xn2.view(n, d), a.rstd2.view(), resid(sl, l + 1)},
                 [&](auto xn, auto y) {
                   blk.attention.forward(*tp_, p, xn.template reshape<3>({b, s, d}), a.attn, y.template reshape<3>({b, s, d}), ws_);
                 },
@@ -629,14 +679,14 @@ class stage_model {
     auto dr = dresid_.view(n, d);
     // out = h + mlp(ffn_norm(h)):  dh = dout + ffn_norm'(mlp'(dout))
     auto dxn2 = ws_.take(nd_(n, d));  // written by the branch's backward, not added into
-    blk.feed_forward.backward(*tp_, p, g, a.xn2.view(n, d), a.mlp, dr, loom::make_view(dxn2.data(), n, d), ws_, false);
-    blk.ffn_norm.backward(p, outside_projections(g), loom::make_view(static_cast<const T*>(dxn2.data()), n, d), a.h.view(n, d),
-                          a.rstd2.view(), dr);
+    blk.feed_forward.backward(*tp_, p, g, a.xn2.view(n, d), a.mlp, dr, loom::make_view<D>(dxn2.data(), n, d), ws_, false);
+    blk.ffn_norm.backward(*ctx_, p, outside_projections(g), loom::make_view<D>(static_cast<const T*>(dxn2.data()), n, d),
+                          a.h.view(n, d), a.rstd2.view(), dr);
     // h = x + attention(attention_norm(x)):  dx = dh + attention_norm'(attention'(dh))
     auto dxn1 = ws_.take(nd_(n, d));
     blk.attention.backward(*tp_, p, g, a.xn1.view(b, s, d), a.attn, dresid_.view(b, s, d),
-                           loom::make_view(dxn1.data(), b, s, d), ws_, false);
-    blk.attention_norm.backward(p, outside_projections(g), loom::make_view(static_cast<const T*>(dxn1.data()), n, d),
+                           loom::make_view<D>(dxn1.data(), b, s, d), ws_, false);
+    blk.attention_norm.backward(*ctx_, p, outside_projections(g), loom::make_view<D>(static_cast<const T*>(dxn1.data()), n, d),
                                 resid(sl, l), a.rstd1.view(), dr);
   }
 
@@ -683,27 +733,28 @@ class stage_model {
 
   view2<T> resid(slot& sl, index_t l) {
     const index_t n = sl.batch * sl.seq;
-    return loom::make_view(sl.resid.data() + l * n * cfg_.dim, n, cfg_.dim);
+    return loom::make_view<D>(sl.resid.data() + l * n * cfg_.dim, n, cfg_.dim);
   }
   view2<T> logits_of(slot& sl) { return sl.logits.view(sl.batch * sl.seq, layers_.output.local_out_features()); }
-  static loom::tensor_view<const std::int32_t, loom::host, 1> ids(const loom::buffer<std::int32_t>& b, index_t n) {
-    return loom::make_view(b.data(), n);
+  static loom::tensor_view<const std::int32_t, D, 1> ids(const buf<std::int32_t>& b, index_t n) {
+    return loom::make_view<D>(b.data(), n);
   }
 
   llama::config cfg_;
+  const loom::nn::device_context<D>* ctx_;
   C* tp_;
   int stage_, stages_;
   stage_range range_;
   loom::memory_resource* mr_;
   stage_layers<T> layers_;
   std::size_t size_;
-  loom::buffer<P> params_;
-  loom::buffer<T> grads_;
-  std::span<P> pview_ = params_.span();  // params_, or the storage use_storage gave
-  std::span<T> gview_ = grads_.span();
+  buf<P> params_;
+  buf<T> grads_;
+  std::span<P> pview_{params_.data(), params_.size()};  // params_, or the storage use_storage gave (D's memory)
+  std::span<T> gview_{grads_.data(), grads_.size()};
   std::map<std::string, std::size_t> full_offset_;
-  loom::nn::workspace<T> ws_;
-  loom::buffer<T> dresid_;  // backward: the gradient of the residual stream, from the top block down
+  loom::nn::workspace<T, D> ws_;
+  buf<T> dresid_;  // backward: the gradient of the residual stream, from the top block down
   bool checkpoint_ = false;
   bool projection_grads_only_ = false;
   param_source<P>* src_ = nullptr;

@@ -54,6 +54,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace loom::nn {
@@ -116,13 +117,18 @@ struct head_split {
 template <compute_type T>
 class attention {
  public:
-  /// Saved by forward for backward; sized for one (batch, seq) and this rank's heads.
-  struct activations {
+  /// Saved by forward for backward; sized for one (batch, seq) and this rank's heads, in
+  /// device D's memory. What the attention core keeps differs: the host its probabilities,
+  /// the GPU each query row's log-sum-exp (FlashAttention's, no [seq, seq] matrix).
+  template <class D = host>
+  struct activations_on {
     index_t batch = 0, seq = 0;
-    buffer<T> q, k, v;  // [batch, seq, heads | kv_heads, head_dim], after rope
-    buffer<T> probs;    // [batch, heads, seq, seq]: the softmax transposed (ops::attention_forward)
-    buffer<T> out;      // [batch, seq, heads * head_dim], input of wo
+    buffer<T, D> q, k, v;  // [batch, seq, heads | kv_heads, head_dim], after rope
+    buffer<T, D> probs;    // host: [batch, heads, seq, seq], the softmax transposed (ops::attention_forward)
+    buffer<T, D> out;      // [batch, seq, heads * head_dim], input of wo
+    buffer<T, D> lse;      // cuda: [batch, heads, seq]
   };
+  using activations = activations_on<>;
 
   attention() = default;
   /// This rank's part of the layer: t is its place in the tensor group ({0, 1}: the whole
@@ -191,19 +197,27 @@ class attention {
     f("wq", wq_), f("wk", wk_), f("wv", wv_), f("wo", wo_);
   }
 
-  activations make_activations(index_t batch, index_t seq, memory_resource& mr = default_resource<host>()) const {
+  template <class D = host>
+  activations_on<D> make_activations(index_t batch, index_t seq, memory_resource& mr = default_resource<D>()) const {
     const index_t n = batch * seq, hd = cfg_.head_dim();
-    return {batch, seq, buffer<T>(n * split_.heads * hd, mr), buffer<T>(n * split_.kv_heads * hd, mr),
-            buffer<T>(n * split_.kv_heads * hd, mr), buffer<T>(batch * split_.heads * seq * seq, mr),
-            buffer<T>(n * split_.heads * hd, mr)};
+    const bool on_host = std::is_same_v<D, host>;
+    return {batch,
+            seq,
+            buffer<T, D>(n * split_.heads * hd, mr),
+            buffer<T, D>(n * split_.kv_heads * hd, mr),
+            buffer<T, D>(n * split_.kv_heads * hd, mr),
+            buffer<T, D>(on_host ? batch * split_.heads * seq * seq : 0, mr),
+            buffer<T, D>(n * split_.heads * hd, mr),
+            buffer<T, D>(on_host ? 0 : batch * split_.heads * seq, mr)};
   }
 
   /// y [batch, seq, dim] = attention(x [batch, seq, dim]) summed over the tensor group tp;
-  /// y is overwritten (contiguous).
-  template <comm::communicator C, ops::param_type P>
-  void forward(C& tp, std::span<P> params, in_view<T, 3> x, activations& a, tensor_view<T, host, 3> y,
-               workspace<T>& ws) const {
+  /// y is overwritten (contiguous). On the workspace's device (the activations' too).
+  template <comm::communicator C, ops::param_type P, class D>
+  void forward(C& tp, std::span<P> params, in_view_on<T, D, 3> x, activations_on<D>& a, view_on<T, D, 3> y,
+               workspace<T, D>& ws) const {
     const index_t b = x.extent(0), s = x.extent(1), n = b * s;
+    const auto& ctx = ws.context();
     check(tp, x, a);
     auto x2 = x.template reshape<2>({n, cfg_.dim});
     linear<T>::forward_all(params, x2,
@@ -211,62 +225,79 @@ class attention {
                             {&wk_, a.k.view(n, wk_.out_features())},
                             {&wv_, a.v.view(n, wv_.out_features())}},
                            ws);
-    rope_.forward(q4(a));
-    rope_.forward(kv4(a, a.k));
-    ops::attention_forward(host{}, q4(a), kv4(a, a.k), kv4(a, a.v), a.out.view(b, s, split_.heads, cfg_.head_dim()),
-                           a.probs.view(b, split_.heads, s, s), cfg_.mask);
+    rope_.forward(ctx, q4(a));
+    rope_.forward(ctx, kv4(a, a.k));
+    const auto out4 = a.out.view(b, s, split_.heads, cfg_.head_dim());
+    if constexpr (std::is_same_v<D, host>)
+      ops::attention_forward(host{}, q4(a), kv4(a, a.k), kv4(a, a.v), out4, a.probs.view(b, split_.heads, s, s), cfg_.mask);
+    else
+      ctx.attention_forward(q4(a), kv4(a, a.k), kv4(a, a.v), out4, a.lse.view(b, split_.heads, s), cfg_.mask);
     wo_.forward(params, a.out.view(n, wo_.in_features()), y.template reshape<2>({n, cfg_.dim}), ws);
     tp::reduce_from_tensor_parallel_forward(tp, std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
   }
   /// The whole layer on one rank.
-  template <ops::param_type P>
-  void forward(std::span<P> params, in_view<T, 3> x, activations& a, tensor_view<T, host, 3> y, workspace<T>& ws) const {
+  template <ops::param_type P, class D>
+  void forward(std::span<P> params, in_view_on<T, D, 3> x, activations_on<D>& a, view_on<T, D, 3> y,
+               workspace<T, D>& ws) const {
     comm::self_comm self;
     forward(self, params, x, a, y, ws);
   }
 
   /// dx += d/dx summed over the group (dx = d/dx when !accumulate); this rank's parameter
   /// gradients added into `grads` (empty: the weights are frozen, dx only; nn::linear).
-  template <comm::communicator C, ops::param_type P>
-  void backward(C& tp, std::span<P> params, std::span<T> grads, in_view<T, 3> x, const activations& a, in_view<T, 3> dy,
-                tensor_view<T, host, 3> dx, workspace<T>& ws, bool accumulate = true) const {
+  template <comm::communicator C, ops::param_type P, class D>
+  void backward(C& tp, std::span<P> params, std::span<T> grads, in_view_on<T, D, 3> x, const activations_on<D>& a,
+                in_view_on<T, D, 3> dy, view_on<T, D, 3> dx, workspace<T, D>& ws, bool accumulate = true) const {
     const index_t b = x.extent(0), s = x.extent(1), n = b * s, hd = cfg_.head_dim();
+    const auto& ctx = ws.context();
     check(tp, x, a);
     auto x2 = x.template reshape<2>({n, cfg_.dim});
     // replicated key/value heads: remember the gradients so far, sum only this call's part
     std::span<T> kv_before;
     const bool kv_sum = split_.kv_replicas > 1 && !grads.empty();
     if (kv_sum) {
-      kv_before = ws.take(kv_grad_size());
-      auto out = kv_before.begin();
-      for (std::span<T> g : kv_grads(grads)) out = std::copy(g.begin(), g.end(), out);
+      if constexpr (std::is_same_v<D, host>) {
+        kv_before = ws.take(kv_grad_size());
+        auto out = kv_before.begin();
+        for (std::span<T> g : kv_grads(grads)) out = std::copy(g.begin(), g.end(), out);
+      } else {
+        LOOM_CHECK(false, "nn::attention: replicated key/value heads (n_kv_heads < tp) are summed on the host only, not on ",
+                   D::name);
+      }
     }
     auto dout = ws.take(n * split_.heads * hd);  // every gradient buffer here is written, not added into
-    wo_.backward(params, grads, make_view(a.out.data(), n, wo_.in_features()), dy.template reshape<2>({n, cfg_.dim}),
-                 make_view(dout.data(), n, wo_.in_features()), ws, /*accumulate=*/false);
+    wo_.backward(params, grads, make_view<D>(a.out.data(), n, wo_.in_features()), dy.template reshape<2>({n, cfg_.dim}),
+                 make_view<D>(dout.data(), n, wo_.in_features()), ws, /*accumulate=*/false);
     auto dq = ws.take(a.q.size()), dk = ws.take(a.k.size()), dv = ws.take(a.v.size());
-    auto scratch = ws.take(s * s);
-    auto dq4 = make_view(dq.data(), b, s, split_.heads, hd), dk4 = make_view(dk.data(), b, s, split_.kv_heads, hd);
-    ops::attention_backward(host{}, make_view(dout.data(), b, s, split_.heads, hd), q4(a), kv4(a, a.k), kv4(a, a.v),
-                            make_view(a.probs.data(), b, split_.heads, s, s), dq4, dk4,
-                            make_view(dv.data(), b, s, split_.kv_heads, hd), make_view(scratch.data(), s, s), cfg_.mask,
-                            /*accumulate=*/false);
-    rope_.backward(dq4);
-    rope_.backward(dk4);
+    auto dq4 = make_view<D>(dq.data(), b, s, split_.heads, hd), dk4 = make_view<D>(dk.data(), b, s, split_.kv_heads, hd);
+    const auto dout4 = make_view<D>(as_const(dout).data(), b, s, split_.heads, hd);
+    const auto dv4 = make_view<D>(dv.data(), b, s, split_.kv_heads, hd);
+    if constexpr (std::is_same_v<D, host>) {
+      auto scratch = ws.take(s * s);
+      ops::attention_backward(host{}, dout4, q4(a), kv4(a, a.k), kv4(a, a.v), make_view(a.probs.data(), b, split_.heads, s, s),
+                              dq4, dk4, dv4, make_view(scratch.data(), s, s), cfg_.mask, /*accumulate=*/false);
+    } else {
+      ctx.attention_backward(dout4, q4(a), kv4(a, a.k), kv4(a, a.v),
+                             make_view<D>(a.out.data(), b, s, split_.heads, hd),
+                             make_view<D>(a.lse.data(), b, split_.heads, s), dq4, dk4, dv4, cfg_.mask, /*accumulate=*/false);
+    }
+    rope_.backward(ctx, dq4);
+    rope_.backward(ctx, dk4);
     const auto dx2 = dx.template reshape<2>({n, cfg_.dim});
     const auto target = tp::input_grad_target(tp, dx2, ws);
     linear<T>::backward_all(params, grads, x2,
-                            {{&wq_, make_view(as_const(dq).data(), n, wq_.out_features())},
-                             {&wk_, make_view(as_const(dk).data(), n, wk_.out_features())},
-                             {&wv_, make_view(as_const(dv).data(), n, wv_.out_features())}},
+                            {{&wq_, make_view<D>(as_const(dq).data(), n, wq_.out_features())},
+                             {&wk_, make_view<D>(as_const(dk).data(), n, wk_.out_features())},
+                             {&wv_, make_view<D>(as_const(dv).data(), n, wv_.out_features())}},
                             target, ws, tp::input_grad_accumulates(tp, accumulate));
-    if (kv_sum) sum_kv_replicas(tp, grads, kv_before, ws);
-    tp::finish_input_grad(tp, target, dx2, accumulate);
+    if constexpr (std::is_same_v<D, host>)
+      if (kv_sum) sum_kv_replicas(tp, grads, kv_before, ws);
+    tp::finish_input_grad(tp, target, dx2, accumulate, ctx);
   }
   /// The whole layer on one rank.
-  template <ops::param_type P>
-  void backward(std::span<P> params, std::span<T> grads, in_view<T, 3> x, const activations& a, in_view<T, 3> dy,
-                tensor_view<T, host, 3> dx, workspace<T>& ws, bool accumulate = true) const {
+  template <ops::param_type P, class D>
+  void backward(std::span<P> params, std::span<T> grads, in_view_on<T, D, 3> x, const activations_on<D>& a,
+                in_view_on<T, D, 3> dy, view_on<T, D, 3> dx, workspace<T, D>& ws, bool accumulate = true) const {
     comm::self_comm self;
     backward(self, params, grads, x, a, dy, dx, ws, accumulate);
   }
@@ -368,8 +399,9 @@ class attention {
     if (!bias) tp::record(shards, base + ".weight", l.weight(), full_rows, l.in_features(), row0, 0, replica);
     else if (l.bias()) tp::record(shards, base + ".bias", *l.bias(), full_rows, 1, row0, 0, replica);
   }
-  template <comm::communicator C>
-  void check(const C& tp, const in_view<T, 3>& x, const activations& a) const {
+  template <comm::communicator C, class D>
+  void check(const C& tp, const tensor_view<const T, D, 3>& x, const activations_on<D>& a) const {
+    tp::require_one_rank_on<D>(tp, "nn::attention");
     LOOM_CHECK(tp.size() == split_.tp_size, "nn::attention: built for tensor-parallel size ", split_.tp_size,
                ", called on a group of ", tp.size());
     LOOM_CHECK(x.extent(2) == cfg_.dim, "nn::attention: input has ", x.extent(2), " features, expected dim=", cfg_.dim);
@@ -377,13 +409,15 @@ class attention {
                x.extent(1), ", ...] but the activations were made for batch=", a.batch, ", seq=", a.seq);
     LOOM_CHECK(a.seq <= rope_.max_seq(), "nn::attention: seq=", a.seq, " exceeds max_seq=", rope_.max_seq());
   }
-  template <class A>  // activations or const activations
+  template <class A>  // activations or const activations, on the device of their buffers
   auto q4(A& a) const {
-    return make_view(a.q.data(), a.batch, a.seq, split_.heads, cfg_.head_dim());
+    using D = typename decltype(a.q)::device_type;
+    return make_view<D>(a.q.data(), a.batch, a.seq, split_.heads, cfg_.head_dim());
   }
   template <class A, class B>
   auto kv4(A& a, B& kv) const {
-    return make_view(kv.data(), a.batch, a.seq, split_.kv_heads, cfg_.head_dim());
+    using D = typename std::remove_cvref_t<B>::device_type;
+    return make_view<D>(kv.data(), a.batch, a.seq, split_.kv_heads, cfg_.head_dim());
   }
 
   attention_config cfg_{};

@@ -3,6 +3,7 @@
 // into the gathered rows' gradients. The slot is exposed so an output projection can share
 // it (tied weights).
 
+#include <loom/nn/context.hpp>
 #include <loom/nn/parameters.hpp>
 #include <loom/ops/host/embedding.hpp>
 
@@ -23,16 +24,25 @@ class embedding {
   index_t dim() const noexcept { return weight_.shape[1]; }
   const param_slot<2>& weight() const noexcept { return weight_; }
 
-  /// out [n, dim] = table[tokens]; a token outside [0, vocab) is a loom::error naming it.
+  /// out [n, dim] = table[tokens]; a token outside [0, vocab) is a loom::error naming it. On
+  /// ctx's device (without one: the host).
+  template <ops::param_type P, class Token, class D>
+  void forward(const device_context<D>& ctx, std::span<P> params, view_on<Token, D, 1> tokens, view_on<T, D, 2> out) const {
+    ctx.embedding_forward(tokens, weight_.template in<D>(as_const(params)), out);
+  }
   template <ops::param_type P, class Token>
   void forward(std::span<P> params, tensor_view<Token, host, 1> tokens, tensor_view<T, host, 2> out) const {
-    ops::embedding_forward(host{}, tokens, weight_.in(as_const(params)), out);
+    forward(host_context(), params, tokens, out);
   }
   /// dtable[tokens] += dout; grads empty: the table is frozen, nothing to do
+  template <class Token, class D>
+  void backward(const device_context<D>& ctx, std::span<T> grads, view_on<Token, D, 1> tokens, in_view_on<T, D, 2> dout) const {
+    if (grads.empty()) return;
+    ctx.embedding_backward(tokens, dout, weight_.template in<D>(grads));
+  }
   template <class Token>
   void backward(std::span<T> grads, tensor_view<Token, host, 1> tokens, in_view<T, 2> dout) const {
-    if (grads.empty()) return;
-    ops::embedding_backward(host{}, tokens, dout, weight_.in(grads));
+    backward(host_context(), grads, tokens, dout);
   }
 
  private:

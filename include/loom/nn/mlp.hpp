@@ -31,10 +31,13 @@ namespace loom::nn {
 template <compute_type T>
 class swiglu_mlp {
  public:
-  struct activations {
+  /// What backward needs, in device D's memory.
+  template <class D = host>
+  struct activations_on {
     index_t rows = 0;
-    buffer<T> gate, up, hidden;  // [rows, hidden_dim]: W1 x, W3 x, silu(W1 x) * W3 x (local hidden units)
+    buffer<T, D> gate, up, hidden;  // [rows, hidden_dim]: W1 x, W3 x, silu(W1 x) * W3 x (local hidden units)
   };
+  using activations = activations_on<>;
 
   swiglu_mlp() = default;
   /// This rank's part of the MLP: t is its place in the tensor group ({0, 1}: the whole
@@ -72,48 +75,53 @@ class swiglu_mlp {
     f("w1", w1_), f("w2", w2_), f("w3", w3_);
   }
 
-  activations make_activations(index_t rows, memory_resource& mr = default_resource<host>()) const {
+  template <class D = host>
+  activations_on<D> make_activations(index_t rows, memory_resource& mr = default_resource<D>()) const {
     const auto n = static_cast<std::size_t>(rows * hidden_dim());
-    return {rows, buffer<T>(n, mr), buffer<T>(n, mr), buffer<T>(n, mr)};
+    return {rows, buffer<T, D>(n, mr), buffer<T, D>(n, mr), buffer<T, D>(n, mr)};
   }
 
-  /// y [rows, dim] = mlp(x [rows, dim]) summed over the tensor group tp; y is overwritten.
-  template <comm::communicator C, ops::param_type P>
-  void forward(C& tp, std::span<P> params, in_view<T, 2> x, activations& a, tensor_view<T, host, 2> y,
-               workspace<T>& ws) const {
+  /// y [rows, dim] = mlp(x [rows, dim]) summed over the tensor group tp; y is overwritten. On
+  /// the workspace's device (the activations' and views' too).
+  template <comm::communicator C, ops::param_type P, class D>
+  void forward(C& tp, std::span<P> params, in_view_on<T, D, 2> x, activations_on<D>& a, view_on<T, D, 2> y,
+               workspace<T, D>& ws) const {
     const index_t n = rows(tp, x, a), f = hidden_dim();
     linear<T>::forward_all(params, x, {{&w1_, a.gate.view(n, f)}, {&w3_, a.up.view(n, f)}}, ws);
-    ops::swiglu_forward(host{}, a.gate.view(), a.up.view(), a.hidden.view());
+    ws.context().swiglu_forward(a.gate.view(), a.up.view(), a.hidden.view());
     w2_.forward(params, a.hidden.view(n, f), y, ws);
     tp::reduce_from_tensor_parallel_forward(tp, std::span<T>(y.data(), static_cast<std::size_t>(y.numel())));
   }
   /// The whole MLP on one rank.
-  template <ops::param_type P>
-  void forward(std::span<P> params, in_view<T, 2> x, activations& a, tensor_view<T, host, 2> y, workspace<T>& ws) const {
+  template <ops::param_type P, class D>
+  void forward(std::span<P> params, in_view_on<T, D, 2> x, activations_on<D>& a, view_on<T, D, 2> y,
+               workspace<T, D>& ws) const {
     comm::self_comm self;
     forward(self, params, x, a, y, ws);
   }
 
   /// dx += d/dx summed over the group (dx = d/dx when !accumulate); this rank's parameter
   /// gradients added into `grads` (empty: the weights are frozen, dx only; nn::linear).
-  template <comm::communicator C, ops::param_type P>
-  void backward(C& tp, std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
-                tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true) const {
+  template <comm::communicator C, ops::param_type P, class D>
+  void backward(C& tp, std::span<P> params, std::span<T> grads, in_view_on<T, D, 2> x, const activations_on<D>& a,
+                in_view_on<T, D, 2> dy, view_on<T, D, 2> dx, workspace<T, D>& ws, bool accumulate = true) const {
     const index_t n = rows(tp, x, a), f = hidden_dim();
     auto dh = ws.take(n * f), dg = ws.take(n * f), du = ws.take(n * f);  // written, not added into
-    w2_.backward(params, grads, make_view(a.hidden.data(), n, f), dy, make_view(dh.data(), n, f), ws, /*accumulate=*/false);
-    ops::swiglu_backward(host{}, make_view(dh.data(), n * f), a.gate.view(), a.up.view(), make_view(dg.data(), n * f),
-                         make_view(du.data(), n * f), /*accumulate=*/false);
+    w2_.backward(params, grads, make_view<D>(a.hidden.data(), n, f), dy, make_view<D>(dh.data(), n, f), ws,
+                 /*accumulate=*/false);
+    ws.context().swiglu_backward(make_view<D>(as_const(dh).data(), n * f), a.gate.view(), a.up.view(),
+                                 make_view<D>(dg.data(), n * f), make_view<D>(du.data(), n * f), /*accumulate=*/false);
     const auto target = tp::input_grad_target(tp, dx, ws);
-    linear<T>::backward_all(params, grads, x,
-                            {{&w1_, make_view(as_const(dg).data(), n, f)}, {&w3_, make_view(as_const(du).data(), n, f)}},
-                            target, ws, tp::input_grad_accumulates(tp, accumulate));
-    tp::finish_input_grad(tp, target, dx, accumulate);
+    linear<T>::backward_all(
+        params, grads, x,
+        {{&w1_, make_view<D>(as_const(dg).data(), n, f)}, {&w3_, make_view<D>(as_const(du).data(), n, f)}}, target, ws,
+        tp::input_grad_accumulates(tp, accumulate));
+    tp::finish_input_grad(tp, target, dx, accumulate, ws.context());
   }
   /// The whole MLP on one rank.
-  template <ops::param_type P>
-  void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> x, const activations& a, in_view<T, 2> dy,
-                tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true) const {
+  template <ops::param_type P, class D>
+  void backward(std::span<P> params, std::span<T> grads, in_view_on<T, D, 2> x, const activations_on<D>& a,
+                in_view_on<T, D, 2> dy, view_on<T, D, 2> dx, workspace<T, D>& ws, bool accumulate = true) const {
     comm::self_comm self;
     backward(self, params, grads, x, a, dy, dx, ws, accumulate);
   }
@@ -159,8 +167,9 @@ class swiglu_mlp {
   }
 
  private:
-  template <comm::communicator C>
-  index_t rows(const C& tp, const in_view<T, 2>& x, const activations& a) const {
+  template <comm::communicator C, class D>
+  index_t rows(const C& tp, const tensor_view<const T, D, 2>& x, const activations_on<D>& a) const {
+    tp::require_one_rank_on<D>(tp, "nn::swiglu_mlp");
     LOOM_CHECK(tp.size() == tp_size_, "nn::swiglu_mlp: built for tensor-parallel size ", tp_size_, ", called on a group of ",
                tp.size());
     LOOM_CHECK(x.extent(0) == a.rows, "nn::swiglu_mlp: input has ", x.extent(0), " rows, activations were made for ",

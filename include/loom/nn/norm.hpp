@@ -4,6 +4,7 @@
 // and recomputed under activation checkpointing). An empty `grads` in backward means the
 // weights are frozen (a model that keeps no gradient buffer): only dx is computed.
 
+#include <loom/nn/context.hpp>
 #include <loom/nn/parameters.hpp>
 #include <loom/ops/host/norm.hpp>
 
@@ -23,17 +24,28 @@ class rmsnorm {
   index_t dim() const noexcept { return weight_.shape[0]; }
   const param_slot<1>& weight() const noexcept { return weight_; }
 
-  /// y [n, dim] = rmsnorm(x); rstd [n] saved for backward.
+  /// y [n, dim] = rmsnorm(x); rstd [n] saved for backward. On ctx's device (nn/context.hpp;
+  /// without one: the host).
+  template <ops::param_type P, class D>
+  void forward(const device_context<D>& ctx, std::span<P> params, in_view_on<T, D, 2> x, view_on<T, D, 2> y,
+               view_on<T, D, 1> rstd) const {
+    ctx.rmsnorm_forward(x, weight_.template in<D>(params), y, rstd, eps_);
+  }
   template <ops::param_type P>
   void forward(std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y, tensor_view<T, host, 1> rstd) const {
-    ops::rmsnorm_forward(host{}, x, weight_.in(params), y, rstd, eps_);
+    forward(host_context(), params, x, y, rstd);
   }
   /// dx += ..., dweight += ... (grads empty: frozen, dx only)
+  template <ops::param_type P, class D>
+  void backward(const device_context<D>& ctx, std::span<P> params, std::span<T> grads, in_view_on<T, D, 2> dy,
+                in_view_on<T, D, 2> x, in_view_on<T, D, 1> rstd, view_on<T, D, 2> dx) const {
+    ctx.rmsnorm_backward(dy, x, weight_.template in<D>(params), rstd, dx,
+                         grads.empty() ? tensor_view<T, D, 1>{} : weight_.template in<D>(grads));
+  }
   template <ops::param_type P>
   void backward(std::span<P> params, std::span<T> grads, in_view<T, 2> dy, in_view<T, 2> x, in_view<T, 1> rstd,
                 tensor_view<T, host, 2> dx) const {
-    ops::rmsnorm_backward(host{}, dy, x, weight_.in(params), rstd, dx,
-                          grads.empty() ? tensor_view<T, host, 1>{} : weight_.in(grads));
+    backward(host_context(), params, grads, dy, x, rstd, dx);
   }
 
  private:

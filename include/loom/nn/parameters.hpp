@@ -63,9 +63,10 @@ struct param_slot {
     for (auto e : shape) n *= static_cast<std::size_t>(e);
     return n;
   }
-  /// This parameter's elements in `flat` (a parameter, gradient or optimizer-state buffer).
-  template <class E>
-  tensor_view<E, host, R> in(std::span<E> flat) const {
+  /// This parameter's elements in `flat` (a parameter, gradient or optimizer-state buffer), on
+  /// device D (a span of device memory: its elements are only passed on, never read here).
+  template <class D = host, class E>
+  tensor_view<E, D, R> in(std::span<E> flat) const {
     LOOM_CHECK(offset + numel() <= flat.size(), "param_slot: flat buffer of ", flat.size(),
                " elements is too small for a parameter at offset ", offset, " with ", numel(), " elements");
     return {flat.data() + offset, shape};

@@ -9,7 +9,7 @@
 
 #include <loom/core/buffer.hpp>
 #include <loom/core/memory.hpp>
-#include <loom/ops/host/fill.hpp>
+#include <loom/nn/context.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -18,13 +18,23 @@
 
 namespace loom::nn {
 
-template <class T>
+/// Scratch in D's memory, and D's context (nn/context.hpp): the layers that take a workspace
+/// run their ops through ws.context(), so a rank's workspace says where its layers run.
+template <class T, class D = host>
 class workspace {
  public:
+  /// A host workspace.
   explicit workspace(std::size_t capacity = 0, memory_resource& resource = default_resource<host>())
-      : resource_(&resource) {
+    requires std::same_as<D, host>
+      : workspace(host_context(), capacity, resource) {}
+  /// A workspace whose layers run on `context` (a CUDA one: on its stream), which must outlive it.
+  explicit workspace(const device_context<D>& context, std::size_t capacity = 0,
+                     memory_resource& resource = default_resource<D>())
+      : context_(&context), resource_(&resource) {
     if (capacity) chunks_.emplace_back(capacity, *resource_);
   }
+
+  const device_context<D>& context() const noexcept { return *context_; }
 
   /// n uninitialised elements, valid until reset(); 64-byte aligned (16 floats) starts.
   std::span<T> take(std::size_t n) {
@@ -42,7 +52,7 @@ class workspace {
   /// n zero elements.
   std::span<T> take_zeroed(std::size_t n) {
     auto s = take(n);
-    ops::fill(host{}, make_view(s.data(), static_cast<index_t>(n)), T(0));
+    context_->fill(tensor_view<T, D, 1>(s.data(), extents<1>{static_cast<index_t>(n)}), T(0));
     return s;
   }
   /// Releases every span; merges the chunks into one sized for the largest use so far.
@@ -61,8 +71,9 @@ class workspace {
   }
 
  private:
+  const device_context<D>* context_;
   memory_resource* resource_;
-  std::vector<buffer<T>> chunks_;
+  std::vector<buffer<T, D>> chunks_;
   std::size_t used_ = 0, high_ = 0, peak_ = 0;
 };
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
 namespace loom::nn::tp {
 
@@ -36,6 +37,28 @@ class vocab_parallel_embedding {
   index_t first_token() const noexcept { return first_; }
   index_t dim() const noexcept { return weight_.shape[1]; }
   const param_slot<2>& weight() const noexcept { return weight_; }
+
+  /// On ctx's device: the whole table on one rank (tp = 1) only, for now (the split gather and
+  /// its all-reduce are the host's).
+  template <comm::communicator C, ops::param_type P, class Token, class D>
+  void forward(const device_context<D>& ctx, C& tp, std::span<P> params, view_on<Token, D, 1> tokens,
+               view_on<T, D, 2> out) const {
+    if constexpr (std::is_same_v<D, host>) {
+      forward(tp, params, tokens, out);
+    } else {
+      whole_table_on(D{});
+      ctx.embedding_forward(tokens, weight_.template in<D>(as_const(params)), out);
+    }
+  }
+  template <class Token, class D>
+  void backward(const device_context<D>& ctx, std::span<T> grads, view_on<Token, D, 1> tokens, in_view_on<T, D, 2> dout) const {
+    if constexpr (std::is_same_v<D, host>) {
+      backward(grads, tokens, dout);
+    } else {
+      whole_table_on(D{});
+      if (!grads.empty()) ctx.embedding_backward(tokens, dout, weight_.template in<D>(grads));
+    }
+  }
 
   /// out [n, dim] = table[tokens] (all-reduced over the tensor group); bad ids are a loom::error.
   template <comm::communicator C, ops::param_type P, class Token>
@@ -75,6 +98,11 @@ class vocab_parallel_embedding {
   }
 
  private:
+  template <class D>
+  void whole_table_on(D) const {
+    LOOM_CHECK(local_vocab() == vocab_, "nn::tp::vocab_parallel_embedding: on ", D::name,
+               " the whole table runs on one rank (tp = 1); this rank holds ", local_vocab(), " of ", vocab_, " tokens");
+  }
   index_t vocab_ = 0;
   param_slot<2> weight_{};
   index_t first_ = 0;

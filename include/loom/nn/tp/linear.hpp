@@ -43,19 +43,19 @@ class column_parallel_linear {
   index_t first_output() const noexcept { return row0_; }
 
   /// y_local [n, out/tp] = x [n, in] W_r^T   (f: identity)
-  template <comm::communicator C, ops::param_type P>
-  void forward(C&, std::span<P> params, in_view<T, 2> x, tensor_view<T, host, 2> y_local, workspace<T>& ws) const {
+  template <comm::communicator C, ops::param_type P, class D>
+  void forward(C&, std::span<P> params, in_view_on<T, D, 2> x, view_on<T, D, 2> y_local, workspace<T, D>& ws) const {
     local_.forward(params, x, y_local, ws);
   }
   /// dW_r += dy_scale dy_local^T x; dx += sum over ranks of dy_scale dy_local W_r (f's
   /// all-reduce; dx = ... when !accumulate; an empty dx is not computed).
-  template <comm::communicator C, ops::param_type P>
-  void backward(C& tp, std::span<P> params, std::span<T> grads, in_view<T, 2> x, in_view<T, 2> dy_local,
-                tensor_view<T, host, 2> dx, workspace<T>& ws, bool accumulate = true, T dy_scale = T(1)) const {
+  template <comm::communicator C, ops::param_type P, class D>
+  void backward(C& tp, std::span<P> params, std::span<T> grads, in_view_on<T, D, 2> x, in_view_on<T, D, 2> dy_local,
+                view_on<T, D, 2> dx, workspace<T, D>& ws, bool accumulate = true, T dy_scale = T(1)) const {
     if (dx.empty()) return local_.backward(params, grads, x, dy_local, dx, ws, accumulate, dy_scale);
     const auto target = input_grad_target(tp, dx, ws);
     local_.backward(params, grads, x, dy_local, target, ws, input_grad_accumulates(tp, accumulate), dy_scale);
-    finish_input_grad(tp, target, dx, accumulate);
+    finish_input_grad(tp, target, dx, accumulate, ws.context());
   }
 
  private:

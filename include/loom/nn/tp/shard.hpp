@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace loom::nn::tp {
@@ -141,14 +142,25 @@ inline void add_into(tensor_view<T, host, 2> dst, std::span<const T> src) {
     for (index_t c = 0; c < cols; ++c) dst(r, c) += src[static_cast<std::size_t>(r * cols + c)];
 }
 
+/// The tensor group's reductions read and write the layers' buffers: over device memory a
+/// group of several ranks needs a communicator that reads it (nccl_comm), which the layers do
+/// not take yet, so a device runs tp = 1 (refused with a loom::error rather than a host
+/// communicator handed device pointers).
+template <class D, comm::communicator C>
+inline void require_one_rank_on(const C& tp, const char* who) {
+  LOOM_CHECK((std::is_same_v<D, host> || tp.size() == 1), who, ": on ", D::name,
+             " a tensor-parallel group of one rank for now, got tp=", tp.size());
+}
+
 /// Where a layer's backward writes its input gradient: on one rank straight into dx; on
 /// several into a part taken from ws, which finish_input_grad sums over the group and then
 /// adds (or writes) into dx. So a one-rank layer pays nothing for being tensor-parallel.
-template <comm::communicator C, class T>
-inline tensor_view<T, host, 2> input_grad_target(const C& tp, tensor_view<T, host, 2> dx, workspace<T>& ws) {
+template <comm::communicator C, class T, class D>
+inline tensor_view<T, D, 2> input_grad_target(const C& tp, view_on<T, D, 2> dx, workspace<T, D>& ws) {
+  require_one_rank_on<D>(tp, "nn::tp::input_grad_target");
   if (tp.size() == 1) return dx;
   auto part = ws.take(static_cast<std::size_t>(dx.numel()));
-  return make_view(part.data(), dx.extent(0), dx.extent(1));
+  return make_view<D>(part.data(), dx.extent(0), dx.extent(1));
 }
 /// Whether the layer's own backward should add into input_grad_target's view (only when it
 /// is dx itself and the caller asked to accumulate).
@@ -157,15 +169,24 @@ inline bool input_grad_accumulates(const C& tp, bool accumulate) {
   return tp.size() == 1 && accumulate;
 }
 /// f in backward: the parts of the group summed, then dx += (or =) the sum. Nothing on one rank.
-template <comm::communicator C, class T>
-inline void finish_input_grad(C& tp, tensor_view<T, host, 2> part, tensor_view<T, host, 2> dx, bool accumulate) {
+template <comm::communicator C, class T, class D = host>
+inline void finish_input_grad(C& tp, tensor_view<T, D, 2> part, view_on<T, D, 2> dx, bool accumulate,
+                              const device_context<D>& ctx = host_context()) {
   if (part.data() == dx.data()) return;
   const std::span<T> sum(part.data(), static_cast<std::size_t>(part.numel()));
   copy_to_tensor_parallel_backward(tp, sum);
-  if (!accumulate)
-    for (index_t r = 0; r < dx.extent(0); ++r)
-      for (index_t c = 0; c < dx.extent(1); ++c) dx(r, c) = T(0);
-  add_into(dx, std::span<const T>(sum));
+  if constexpr (std::is_same_v<D, host>) {
+    if (!accumulate)
+      for (index_t r = 0; r < dx.extent(0); ++r)
+        for (index_t c = 0; c < dx.extent(1); ++c) dx(r, c) = T(0);
+    add_into(dx, std::span<const T>(sum));
+  } else {
+    LOOM_CHECK(dx.stride(0) == dx.extent(1) && dx.stride(1) == 1, "nn::tp::finish_input_grad: dx on ", D::name,
+               " must be contiguous (strides ", dx.stride(0), ", ", dx.stride(1), ")");
+    const auto flat = make_view<D>(dx.data(), dx.numel());
+    if (!accumulate) ctx.fill(flat, T(0));
+    ctx.add(flat, make_view<D>(as_const(sum).data(), dx.numel()));
+  }
 }
 
 }  // namespace loom::nn::tp

@@ -230,11 +230,12 @@ inline gemm_plan<T> plan_gemm(const tensor_view<TA, host, 2>& a, const tensor_vi
 
 }  // namespace detail
 
-/// One product of a gemm_batch: C = alpha A B + beta C (views as for gemm).
-template <compute_type T>
+/// One product of a gemm_batch: C = alpha A B + beta C (views as for gemm), on device D (a
+/// layer's list of products is the same on both: nn::device_context::gemm_all).
+template <compute_type T, class D = host>
 struct gemm_op {
-  tensor_view<const T, host, 2> a, b;
-  tensor_view<T, host, 2> c;
+  tensor_view<const T, D, 2> a, b;
+  tensor_view<T, D, 2> c;
   T alpha = T(1), beta = T(0);
 };
 

@@ -29,13 +29,14 @@ template <compute_type T>
 struct rope_table {
   index_t max_seq = 0, head_dim = 0;
   index_t rotary_dim = 0;  ///< the leading channels of a head that rotate (head_dim: all)
+  double theta = 0;        ///< the base: with the sizes above, what the table is a function of
   buffer<T> cos, sin;
 
   rope_table() = default;
   /// rotary_dim_ = 0: the whole head rotates.
-  rope_table(index_t max_seq_, index_t head_dim_, double theta, index_t rotary_dim_ = 0)
-      : max_seq(max_seq_), head_dim(head_dim_), rotary_dim(rotary_dim_ ? rotary_dim_ : head_dim_),
-        cos(check(max_seq_, head_dim_, theta, rotary_dim)), sin(cos.size()) {
+  rope_table(index_t max_seq_, index_t head_dim_, double theta_, index_t rotary_dim_ = 0)
+      : max_seq(max_seq_), head_dim(head_dim_), rotary_dim(rotary_dim_ ? rotary_dim_ : head_dim_), theta(theta_),
+        cos(check(max_seq_, head_dim_, theta_, rotary_dim)), sin(cos.size()) {
     const index_t half = rotary_dim / 2;
     for (index_t p = 0; p < max_seq; ++p)
       for (index_t i = 0; i < half; ++i) {

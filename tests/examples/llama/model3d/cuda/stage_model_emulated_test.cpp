@@ -1,0 +1,5 @@
+// stage_model_test.cu, the GPU test, compiled by g++ and run on the CPU through the emulated
+// runtime (tests/ops/cuda/emulation.hpp): the decoder's CUDA path as the GPU runs it.
+#include "ops/cuda/emulation.hpp"
+
+#include "stage_model_test.cu"
