@@ -8,6 +8,10 @@
 #include <loom/comm/self_comm.hpp>
 #include <loom/core/dtype.hpp>
 #include <loom/nn/cuda/context.cuh>
+#include <loom/optim/adamw.hpp>
+#include <loom/optim/clip.hpp>
+#include <loom/optim/cuda/adamw.cuh>
+#include <loom/optim/cuda/clip.cuh>
 
 #include <doctest/doctest.h>
 
@@ -92,6 +96,50 @@ TEST_CASE("the decoder (llama3d::stage_model) on the cuda tag equals the host's:
   // ChatGLM2/3's shape: fused q/k/v with biases, fused gate/up, half the head rotating, tied output
   c.fused_qkv = true, c.qkv_bias = true, c.fused_gate_up = true, c.partial_rotary_factor = 0.5, c.tied_output = true;
   check_decoder<float>(c, false);
+}
+
+TEST_CASE("ten training steps on the cuda tag (the decoder, global-norm clipping, fused AdamW) follow the host's") {
+  // The single-rank step a trainer runs: forward and backward of the step's batch, clip the
+  // gradients to norm 1, AdamW. Both runs start from init(3) and see the same batches; each
+  // step's loss and the parameters after the last step are compared. AdamW divides by the
+  // root of the second moment, so parameters agree to 1e-4 relative but elements whose
+  // gradients stay near zero may move by a few lr-sized steps differently: 1e-3 absolute.
+  auto c = small_config();
+  c.fused_qkv = true, c.qkv_bias = true;
+  loom::comm::self_comm self;
+  llama3d::stage_model<float, float, loom::comm::self_comm> host_model(c, self, 0, 1);
+  loom::nn::device_context<loom::cuda> ctx;
+  llama3d::stage_model<float, float, loom::comm::self_comm, loom::cuda> gpu_model(ctx, c, self, 0, 1);
+  host_model.init(3), gpu_model.init(3);
+  const std::size_t n = host_model.size();
+  std::vector<float> m(n, 0.f), v(n, 0.f);
+  loom::buffer<float, loom::cuda> dm(n), dv(n);
+  ctx.fill(dm.view(), 0.f), ctx.fill(dv.view(), 0.f);
+  loom::optim::clip_workspace clip_ws;
+  const loom::optim::adamw_options o{.lr = 3e-3f, .weight_decay = 0.1f};
+  const auto dev = [](std::span<float> s) { return loom::make_view<loom::cuda>(s.data(), static_cast<index_t>(s.size())); };
+  const index_t b = 2, s = 8;
+  for (int step = 1; step <= 10; ++step) {
+    const auto tok = ids(b * s, 5 + step, step, c.vocab), tgt = ids(b * s, 3 + step, 2 * step + 1, c.vocab);
+    const auto tv = loom::make_view(tok.data(), b, s), gv = loom::make_view(tgt.data(), b, s);
+    host_model.zero_grad(), gpu_model.zero_grad();
+    const float hl = host_model.forward(0, tv, gv), gl = gpu_model.forward(0, tv, gv);
+    host_model.backward(0), gpu_model.backward(0);
+    host_model.release(0), gpu_model.release(0);
+    INFO("step " << step);
+    CHECK(gl == doctest::Approx(hl).epsilon(1e-4));
+    const double hn = loom::optim::clip_by_global_norm(host_model.grads(), 1.0);
+    const double gn = loom::optim::clip_by_global_norm(loom::cuda{}, {dev(gpu_model.grads())}, 1.0, clip_ws, {}, ctx.stream());
+    CHECK(gn == doctest::Approx(hn).epsilon(1e-4));
+    loom::optim::adamw_update(host_model.params(), host_model.grads(), m, v, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
+                              step);
+    loom::optim::adamw_update(loom::cuda{}, dev(gpu_model.params()), dev(gpu_model.grads()), dm.view(), dv.view(), o.lr,
+                              o.beta1, o.beta2, o.eps, o.weight_decay, step, ctx.stream());
+  }
+  std::vector<float> host_params(host_model.layout().size()), gpu_params(host_params.size());
+  host_model.store_params(std::span<float>(host_params));
+  gpu_model.store_params(std::span<float>(gpu_params));
+  require_close(gpu_params, host_params, 1e-4, 1e-3, "parameters after ten steps");
 }
 
 TEST_CASE("the decoder on the cuda tag refuses what it does not run yet, naming it") {
