@@ -18,7 +18,11 @@
 //     with top-p, which sorts each row): logits read / time (a latency of the decode step
 //     more than a bandwidth figure: the sort is O(V log^2 V) a row)
 // Without a device it says so and exits 0: it is a measurement, never a test.
-//   loom-bench-gpu [--quick] [--only gemm|decode|prefill|attention|nf4|rows|sampling] [--reps N] [--peak-tflops T] [--peak-tflops-fp32 T] [--peak-gbs G]
+//   the decoder's training step (llama3d::stage_model on the cuda tag, step.cu): model FLOP/s
+//     and % of --peak-tflops (the step's MFU)
+//   loom-bench-gpu [--quick] [--only gemm|decode|prefill|attention|nf4|rows|sampling|step] [--reps N] [--peak-tflops T] [--peak-tflops-fp32 T] [--peak-gbs G]
+
+#include "bench_gpu.hpp"
 
 #include <loom/core/buffer.hpp>
 #include <loom/core/cuda/error.hpp>
@@ -47,14 +51,7 @@
 
 namespace {
 
-using loom::index_t;
-
-struct options {
-  bool quick = false;
-  std::string only;  // run the rows whose kernel name starts with this (all when empty)
-  int reps = 20;
-  double peak_tflops = 989, peak_tflops_fp32 = 67, peak_gbs = 4800;
-};
+using namespace loom_bench_gpu;
 
 double number_arg(int& i, int argc, char** argv) {
   const std::string name = argv[i];
@@ -72,7 +69,7 @@ options parse(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--quick") o.quick = true;
     else if (a == "--only") {
-      LOOM_CHECK(i + 1 < argc, "loom-bench-gpu: --only needs a value (gemm, decode, prefill, attention, nf4, rows, sampling)");
+      LOOM_CHECK(i + 1 < argc, "loom-bench-gpu: --only needs a value (gemm, decode, prefill, attention, nf4, rows, sampling, step)");
       o.only = argv[++i];
     }
     else if (a == "--reps") o.reps = static_cast<int>(std::min(number_arg(i, argc, argv), 10000.0));
@@ -82,48 +79,6 @@ options parse(int argc, char** argv) {
     else LOOM_CHECK(false, "loom-bench-gpu: unknown argument '", a.substr(0, 64), "' (--quick, --only, --reps, --peak-tflops, --peak-tflops-fp32, --peak-gbs)");
   }
   return o;
-}
-
-/// Median milliseconds of `reps` timed calls of f after 3 untimed ones.
-template <class F>
-double median_ms(int reps, F&& f) {
-  cudaEvent_t start, stop;
-  LOOM_CUDA_CHECK(cudaEventCreate(&start));
-  LOOM_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> ms(static_cast<std::size_t>(reps));
-  for (auto& t : ms) {
-    LOOM_CUDA_CHECK(cudaEventRecord(start));
-    f();
-    LOOM_CUDA_CHECK(cudaEventRecord(stop));
-    LOOM_CUDA_CHECK(cudaEventSynchronize(stop));
-    LOOM_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-  }
-  LOOM_CUDA_CHECK(cudaEventDestroy(start));
-  LOOM_CUDA_CHECK(cudaEventDestroy(stop));
-  std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(ms.size() / 2), ms.end());
-  return ms[ms.size() / 2];
-}
-
-/// n elements on the device: zeros for value 0 (outputs), else uniform in [-value, value]
-/// (inputs: constant data can run faster than real data, and hides wrong indexing).
-template <class T>
-loom::buffer<T, loom::cuda> filled(std::size_t n, float value) {
-  std::vector<T> h(n, T(0.f));
-  if (value != 0.f) {
-    std::uint64_t x = 0x9e3779b97f4a7c15ull ^ n;
-    for (auto& e : h) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
-      e = T(value * (static_cast<float>(x >> 40) * 0x1p-23f - 1.f));
-    }
-  }
-  loom::buffer<T, loom::cuda> d(n);
-  LOOM_CUDA_CHECK(cudaMemcpy(d.data(), h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-
-void row(const std::string& what, const std::string& shape, double ms, double rate, const char* unit, double peak) {
-  std::printf("| %s | %s | %.3f | %.1f %s | %.0f%% |\n", what.c_str(), shape.c_str(), ms, rate, unit, 100.0 * rate / peak);
 }
 
 template <class T>
@@ -359,6 +314,7 @@ int main(int argc, char** argv) try {
   if (want("nf4")) bench_nf4(o, 4096, o.quick ? 4096 : 11008);
   if (want("rows")) bench_rows(o, tokens, 2048, 32000);
   if (want("sampling")) bench_sampling(o, 64, 32000);
+  if (want("step")) bench_step(o);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());

@@ -450,7 +450,7 @@ void with_decode_kernel(std::int64_t dim, std::int64_t group, bool aligned16, F&
 
 /// One block per (head, row): the splits' states of a decode row (a sequence) or of a prefill
 /// query row, merged in split order, normalised. Row bh = blockIdx.y * gridDim.x + blockIdx.x.
-__global__ void merge_splits(const float* __restrict__ ws_acc, const float* __restrict__ ws_m, const float* __restrict__ ws_l,
+LOOM_KERNEL void merge_splits(const float* __restrict__ ws_acc, const float* __restrict__ ws_m, const float* __restrict__ ws_l,
                              std::int64_t splits, std::int32_t dim, float* __restrict__ out) {
   const std::int64_t bh = static_cast<std::int64_t>(blockIdx.y) * gridDim.x + blockIdx.x, s0 = bh * splits;
   for (std::int32_t d = threadIdx.x; d < dim; d += blockDim.x) {

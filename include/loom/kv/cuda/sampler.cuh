@@ -60,7 +60,7 @@ inline std::int64_t sample_padded(std::int64_t n) {
   return static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(n)));
 }
 
-__global__ void __launch_bounds__(sample_block)
+LOOM_KERNEL void __launch_bounds__(sample_block)
     sample_rows(float* __restrict__ logits, std::int32_t vocab, std::int64_t padded, const sample_row* __restrict__ rows,
                 const token_id* __restrict__ history, unsigned char* __restrict__ seen, float* __restrict__ keys,
                 token_id* __restrict__ ids, double* __restrict__ weights, token_id* __restrict__ out) {

@@ -10,8 +10,8 @@
 // Work is asynchronous on the stream, as every op of ops/cuda is; views are device views. A
 // context also keeps what its ops need between calls: a device copy of each rotary table
 // (made on first use; a table is a function of its sizes and base, so all layers of one
-// configuration share one), and attention's backward workspace. Like its stream, a context
-// is used by one host thread at a time.
+// configuration share one) and the workspaces of attention's backward, the embedding's id
+// check and the cross-entropy. Like its stream, a context is used by one host thread at a time.
 
 #include <loom/nn/context.hpp>
 #include <loom/core/buffer.hpp>

@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(attention_warps * 32)
 }
 
 /// delta[(b h + hh) s + t] = <dO, O> of query row (b, t, hh): a warp a row.
-__global__ void attention_delta(const float* __restrict__ dout, const float* __restrict__ out, float* __restrict__ delta,
+LOOM_KERNEL void attention_delta(const float* __restrict__ dout, const float* __restrict__ out, float* __restrict__ delta,
                                 index_t rows, index_t s, index_t h, int dim) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const index_t warps = static_cast<index_t>(gridDim.x) * (blockDim.x / 32);

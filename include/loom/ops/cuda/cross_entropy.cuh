@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(row_block)
   }
 }
 
-__global__ void __launch_bounds__(row_block) mean_loss(const float* __restrict__ row_loss, index_t n,
+LOOM_KERNEL void __launch_bounds__(row_block) mean_loss(const float* __restrict__ row_loss, index_t n,
                                                        const unsigned long long* stats, float* loss) {
   double s = 0;
   for (index_t i = threadIdx.x; i < n; i += row_block) s += row_loss[i];

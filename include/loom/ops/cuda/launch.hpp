@@ -21,6 +21,16 @@
 /// the emulated runtime's launch, which makes the runtime's checks and runs the grid on fibers
 /// (tests/ops/cuda/emulated_runtime/cuda_runtime_api.h). Every launch goes through it, so the
 /// launch code the GPU runs is the launch code the CPU CI tests.
+/// LOOM_KERNEL void name(...) { ... }: a kernel that is not a template, defined in a header.
+/// Every translation unit that includes the header gets its own copy (internal linkage):
+/// nvcc ignores `inline` on a __global__ function, so two units' external copies would collide
+/// when linked into one program. Under the emulator, an inline function.
+#if defined(LOOM_CUDA_EMULATION)
+#define LOOM_KERNEL inline
+#else
+#define LOOM_KERNEL static __global__
+#endif
+
 #if defined(LOOM_CUDA_EMULATION)
 #define LOOM_DYNAMIC_SHARED_FLOATS(name) float* name = ::loom::emulation::dynamic_shared_floats()
 #define LOOM_LAUNCH(kernel, grid, block, smem, stream) \

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(row_block) sum_of_squares_partials(const T* __
   }
 }
 
-__global__ void __launch_bounds__(row_block) sum_partials(const double* __restrict__ partial, unsigned count, double* out) {
+LOOM_KERNEL void __launch_bounds__(row_block) sum_partials(const double* __restrict__ partial, unsigned count, double* out) {
   double s = 0;
   for (unsigned i = threadIdx.x; i < count; i += row_block) s += partial[i];
   const double total = block_sum(s);

@@ -21,7 +21,7 @@
 namespace loom::optim {
 namespace kernels {
 
-__global__ void adamw(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
+LOOM_KERNEL void adamw(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
                       index_t n, ops::math::adamw_coefficients k) {
   for (index_t i = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<index_t>(blockDim.x) * gridDim.x) {

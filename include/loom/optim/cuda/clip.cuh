@@ -28,7 +28,7 @@
 namespace loom::optim {
 namespace kernels {
 
-__global__ void scale(float* __restrict__ p, index_t n, float c) {
+LOOM_KERNEL void scale(float* __restrict__ p, index_t n, float c) {
   for (index_t i = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<index_t>(blockDim.x) * gridDim.x)
     p[i] *= c;
