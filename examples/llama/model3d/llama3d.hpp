@@ -14,6 +14,8 @@
 // ---- Interface -----------------------------------------------------------------------------
 //
 //   llama3d::stage_model<P, T, C> m(cfg, tp_comm, stage, stages, memory);
+//   llama3d::stage_model<P, T, C, loom::cuda> g(ctx, cfg, tp_comm, 0, 1);  // on a GPU: ctx is a
+//                                       // loom::nn::device_context<cuda> (one rank's whole model)
 //   m.init(seed);                       // element i of the full flat buffer = f(seed, i)
 //   m.set_checkpointing(true);          // optional: keep block inputs only, recompute in backward
 //   per micro-batch mb (any order a pipeline schedule gives, several in flight):
