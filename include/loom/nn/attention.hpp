@@ -255,14 +255,11 @@ class attention {
     // replicated key/value heads: remember the gradients so far, sum only this call's part
     std::span<T> kv_before;
     const bool kv_sum = split_.kv_replicas > 1 && !grads.empty();
-    if (kv_sum) {
-      if constexpr (std::is_same_v<D, host>) {
+    if constexpr (std::is_same_v<D, host>) {  // replicas need tp > 1, which check() refuses on a device
+      if (kv_sum) {
         kv_before = ws.take(kv_grad_size());
         auto out = kv_before.begin();
         for (std::span<T> g : kv_grads(grads)) out = std::copy(g.begin(), g.end(), out);
-      } else {
-        LOOM_CHECK(false, "nn::attention: replicated key/value heads (n_kv_heads < tp) are summed on the host only, not on ",
-                   D::name);
       }
     }
     auto dout = ws.take(n * split_.heads * hd);  // every gradient buffer here is written, not added into
